@@ -1,0 +1,192 @@
+"""A toy decoder-only GPT, exposed as a flat list of layers so a pipeline stage is a slice.
+
+Layer 0 is the embedding, layers 1..n_layers are transformer blocks, the last layer is the
+head (final LayerNorm + projection to the vocabulary). Every layer initialises itself from its
+own random generator seeded by (config seed, layer index): a stage built alone on another
+process gets exactly the weights the same layers have in the full model.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, asdict
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layers: int = 4
+    d_model: int = 64
+    n_heads: int = 4
+    d_ff: int | None = None          # None means 4 * d_model
+    vocab_size: int = 64
+    seq_len: int = 32
+    seed: int = 0
+    tie_embeddings: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
+        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
+            raise ValueError(f"ModelConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
+        if self.d_model % self.n_heads:
+            raise ValueError(
+                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+
+    @property
+    def ffn_width(self) -> int:
+        return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def total_layers(self) -> int:
+        """Embedding + blocks + head: the length of the flat layer list."""
+        return self.n_layers + 2
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+def _layer_generator(cfg: ModelConfig, index: int) -> torch.Generator:
+    # A per-layer stream makes weights independent of which other layers are built.
+    return torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
+
+
+def _init_params(module: nn.Module, gen: torch.Generator, std: float = 0.02) -> None:
+    """GPT-2 style init: N(0, std) weights, zero biases, LayerNorm as identity."""
+    with torch.no_grad():
+        for m in module.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.fill_(1.0)
+                m.bias.zero_()
+            elif isinstance(m, (nn.Linear, nn.Embedding)):
+                m.weight.copy_(torch.randn(m.weight.shape, generator=gen) * std)
+                if getattr(m, "bias", None) is not None:
+                    m.bias.zero_()
+
+
+class Embedding(nn.Module):
+    """Token + position embedding: (batch, seq) token ids -> (batch, seq, d_model)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(idx.shape[1], device=idx.device)
+        return self.tok(idx) + self.pos(positions)
+
+
+class Block(nn.Module):
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads = cfg.n_heads
+        self.ln1 = nn.LayerNorm(cfg.d_model)
+        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.ln2 = nn.LayerNorm(cfg.d_model)
+        self.up = nn.Linear(cfg.d_model, cfg.ffn_width)
+        self.down = nn.Linear(cfg.ffn_width, cfg.d_model)
+
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        b, s, d = x.shape
+        q, k, v = self.qkv(x).split(d, dim=2)
+        # (b, heads, s, head_dim)
+        q, k, v = (t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_heads)
+        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        out = (weights @ v).transpose(1, 2).reshape(b, s, d)
+        return self.proj(out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.attention(self.ln1(x))
+        return x + self.down(F.gelu(self.up(self.ln2(x))))
+
+
+class Head(nn.Module):
+    """Final LayerNorm and projection to vocabulary logits."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln = nn.LayerNorm(cfg.d_model)
+        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.ln(x))
+
+
+def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
+    """Layer `index` of the flat list (0 = embedding, last = head), deterministically initialised."""
+    if not 0 <= index < cfg.total_layers:
+        raise ValueError(f"layer index must be in [0, {cfg.total_layers}), got {index}")
+    if index == 0:
+        layer = Embedding(cfg)
+    elif index == cfg.total_layers - 1:
+        layer = Head(cfg)
+    else:
+        layer = Block(cfg)
+    _init_params(layer, _layer_generator(cfg, index))
+    return layer
+
+
+def build_layers(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
+    """Layers [start, stop) of the flat list, with the same weights they have in ToyGPT(cfg)."""
+    if not 0 <= start < stop <= cfg.total_layers:
+        raise ValueError(f"need 0 <= start < stop <= {cfg.total_layers}, got start={start}, stop={stop}")
+    return nn.Sequential(*(build_layer(cfg, i) for i in range(start, stop)))
+
+
+def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy over every position of the (micro)batch."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+class ToyGPT(nn.Module):
+    """The unsplit model: `self.layers` is the flat list embedding, blocks..., head."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.layers = nn.ModuleList(build_layer(cfg, i) for i in range(cfg.total_layers))
+        if cfg.tie_embeddings:
+            self.layers[-1].out.weight = self.layers[0].tok.weight
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = idx
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+    def loss(self, idx: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return loss_fn(self(idx), targets)
+
+    def layer_costs(self, batch_size: int = 1) -> list[dict]:
+        return layer_costs(self.cfg, batch_size)
+
+
+def layer_costs(cfg: ModelConfig, batch_size: int = 1) -> list[dict]:
+    """Per layer of the flat list: name, kind, parameter count and forward FLOPs for a batch.
+
+    Block FLOPs follow the zero-bubble paper's count, s·b·h·(24h + 4s) for d_ff = 4h
+    (2 FLOPs per multiply-add in every matmul, plus QK^T and attention·V).
+    """
+    s, b, h, f, v = cfg.seq_len, batch_size, cfg.d_model, cfg.ffn_width, cfg.vocab_size
+    block_params = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h   # qkv, proj, up, down, two LNs
+    rows = [dict(index=0, name="embedding", kind="embedding",
+                 params=(v + s) * h, flops=s * b * h)]
+    for i in range(cfg.n_layers):
+        matmul = 2 * s * b * (4 * h * h + 2 * h * f)
+        attention = 4 * b * s * s * h
+        rows.append(dict(index=i + 1, name=f"block {i}", kind="block",
+                         params=block_params, flops=matmul + attention))
+    head_params = 2 * h + (0 if cfg.tie_embeddings else v * h)
+    rows.append(dict(index=cfg.total_layers - 1, name="head", kind="head",
+                     params=head_params, flops=2 * s * b * h * v))
+    return rows
