@@ -1,0 +1,120 @@
+"""The corpus the toy model trains on, a character tokenizer, batches and microbatches.
+
+The corpus lives in `data/corpus.txt` at the repository root (made by `data/make_corpus.py`).
+The alphabet is fixed here rather than read from the file, so every process - a notebook
+kernel or a pipeline worker - encodes the same way without touching the corpus.
+"""
+from __future__ import annotations
+
+import functools
+import string
+from pathlib import Path
+
+import torch
+
+#: Every symbol the tokenizer knows: newline, space, punctuation, digits, lowercase letters.
+ALPHABET = "\n " + "!'(),-.:;=?*+/" + string.digits + string.ascii_lowercase
+VOCAB_SIZE = len(ALPHABET)
+assert VOCAB_SIZE <= 64, "the toy model's default vocab_size is 64"
+
+_INDEX = {ch: i for i, ch in enumerate(ALPHABET)}
+
+#: Where the corpus is looked up: the repository's data/ folder, next to the package.
+CORPUS_PATH = Path(__file__).resolve().parent.parent / "data" / "corpus.txt"
+_VAL_FRACTION = 0.1
+
+
+def encode(text: str) -> list[int]:
+    """Token ids of `text`; raises ValueError naming the first character outside the alphabet."""
+    try:
+        return [_INDEX[ch] for ch in text]
+    except KeyError as err:
+        raise ValueError(
+            f"character {err.args[0]!r} is not in the alphabet {ALPHABET!r} "
+            "(lowercase letters, digits, space, newline and !'(),-.:;=?*+/)") from None
+
+
+def decode(ids) -> str:
+    """The text of a sequence of token ids (a list or a 1-d tensor)."""
+    if isinstance(ids, torch.Tensor):
+        ids = ids.tolist()
+    try:
+        return "".join(ALPHABET[i] for i in ids)
+    except (IndexError, TypeError):
+        raise ValueError(f"token ids must be integers in [0, {VOCAB_SIZE}), got {ids!r}") from None
+
+
+def load_corpus(path: str | Path | None = None) -> str:
+    """The corpus text (default: data/corpus.txt of the repository this package lives in)."""
+    path = Path(path) if path is not None else CORPUS_PATH
+    if not path.exists():
+        raise FileNotFoundError(
+            f"corpus not found at {path}; pipelab reads it from the repository's data/ folder "
+            "(install with `pip install -e .`), or regenerate it with `python data/make_corpus.py`")
+    return path.read_text(encoding="ascii")
+
+
+@functools.lru_cache(maxsize=4)
+def _tokens(path: str | None, split: str) -> torch.Tensor:
+    ids = torch.tensor(encode(load_corpus(path)), dtype=torch.long)
+    cut = int(len(ids) * (1 - _VAL_FRACTION))
+    return ids[:cut] if split == "train" else ids[cut:]
+
+
+def corpus_tokens(split: str = "train", path: str | Path | None = None) -> torch.Tensor:
+    """The corpus as a 1-d LongTensor: the first 90% for "train", the last 10% for "val"."""
+    if split not in ("train", "val"):
+        raise ValueError(f"split must be 'train' or 'val', got {split!r}")
+    return _tokens(None if path is None else str(path), split)
+
+
+def _check_positive(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
+              generator: torch.Generator | None = None, split: str = "train",
+              path: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`batch_size` random windows of the corpus: inputs (b, s) and targets shifted by one.
+
+    Deterministic given `seed` (a fresh generator) or `generator` (advanced by the call, so
+    successive calls give successive batches); with neither, torch's global RNG is used.
+    """
+    _check_positive("batch_size", batch_size)
+    _check_positive("seq_len", seq_len)
+    if seed is not None and generator is not None:
+        raise ValueError("pass seed or generator, not both")
+    if seed is not None:
+        generator = torch.Generator().manual_seed(seed)
+    data = corpus_tokens(split, path)
+    if seq_len + 1 > len(data):
+        raise ValueError(f"seq_len {seq_len} is longer than the {split} corpus ({len(data)} tokens)")
+    starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)
+    offsets = torch.arange(seq_len)
+    inputs = data[starts[:, None] + offsets]
+    targets = data[starts[:, None] + offsets + 1]
+    return inputs, targets
+
+
+def split_microbatches(inputs: torch.Tensor, targets: torch.Tensor,
+                       microbatches: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Split a batch along its first dimension into `microbatches` equal (x, y) pairs.
+
+    Each piece is a contiguous view (rows of a contiguous tensor), ready to send point to point.
+    """
+    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
+        raise ValueError(f"microbatches must be a positive integer, got {microbatches!r}")
+    if inputs.shape[0] != targets.shape[0]:
+        raise ValueError(f"inputs and targets must have the same number of rows, "
+                         f"got {inputs.shape[0]} and {targets.shape[0]}")
+    rows = inputs.shape[0]
+    if rows % microbatches:
+        divisors = [d for d in range(1, rows + 1) if rows % d == 0]
+        raise ValueError(
+            f"batch of {rows} rows does not split into {microbatches} microbatches: "
+            f"microbatches must divide the batch size (divisors of {rows}: "
+            f"{', '.join(map(str, divisors))})")
+    size = rows // microbatches
+    return [(x.contiguous(), y.contiguous())
+            for x, y in zip(inputs.split(size), targets.split(size))]
