@@ -1,11 +1,17 @@
 """pipelab: learn pipeline parallelism for transformer training by running it."""
 from .model import ModelConfig, ToyGPT, build_layer, build_layers, layer_costs, loss_fn
+from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
+                        register, schedule, v_placement)
+from .simulate import Costs, simulate
+from .timeline import Event, Timeline
 from .data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                    split_microbatches)
 from .train import evaluate, sample, train
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
+    "SCHEDULES", "Action", "Schedule", "ScheduleError", "comm_plan", "loop_placement", "register",
+    "schedule", "v_placement", "Costs", "simulate", "Event", "Timeline",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
 ]

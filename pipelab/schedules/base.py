@@ -1,0 +1,174 @@
+"""Schedule: for each rank, the ordered list of compute actions it runs.
+
+A schedule is plain data. The validator, the simulator, the runtime and the plots all read the
+same object; communication is derived from it (see `comm.py`), never written by hand.
+"""
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+from .actions import Action, INPUT_GRAD_KINDS
+
+IDLE_MARKS = {".", "-", "_"}
+
+
+@dataclass
+class Schedule:
+    actions: list[list[Action]]          # actions[rank] in execution order
+    placement: tuple[int, ...]           # placement[stage] = rank that owns the stage
+    microbatches: int
+    name: str = "custom"
+    _index: dict = field(default=None, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        self.actions = [list(rank_actions) for rank_actions in self.actions]
+        self.placement = tuple(self.placement)
+
+    # --- shape -------------------------------------------------------------------------------
+    @property
+    def ranks(self) -> int:
+        return len(self.actions)
+
+    @property
+    def stages(self) -> int:
+        return len(self.placement)
+
+    @property
+    def chunks(self) -> int:
+        """Stages per rank (v in the papers); 1 for a plain pipeline."""
+        return max(1, self.stages // max(1, self.ranks))
+
+    def stages_of(self, rank: int) -> list[int]:
+        return [s for s, r in enumerate(self.placement) if r == rank]
+
+    def rank_of(self, stage: int) -> int:
+        return self.placement[stage]
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self.actions)
+
+    # --- dependencies --------------------------------------------------------------------------
+    def _lookup(self) -> dict:
+        # Built lazily: which backward kind (B or I) each (stage, microbatch) uses.
+        if self._index is None:
+            grad_kind = {}
+            for rank_actions in self.actions:
+                for a in rank_actions:
+                    if a.kind in INPUT_GRAD_KINDS:
+                        grad_kind[(a.stage, a.microbatch)] = a.kind
+            self._index = grad_kind
+        return self._index
+
+    def input_grad_action(self, stage: int, microbatch: int) -> Action:
+        """The action that produces the gradient of `stage`'s input: its B, or its I when split."""
+        return Action(stage, self._lookup().get((stage, microbatch), "B"), microbatch)
+
+    def dependencies(self, action: Action) -> list[Action]:
+        """Actions that must finish before `action` can start (data it consumes)."""
+        s, m = action.stage, action.microbatch
+        if action.kind == "F":
+            return [Action(s - 1, "F", m)] if s > 0 else []
+        if action.kind in INPUT_GRAD_KINDS:
+            deps = [Action(s, "F", m)]
+            if s < self.stages - 1:
+                deps.append(self.input_grad_action(s + 1, m))
+            return deps
+        if action.kind == "W":
+            return [Action(s, "I", m)]
+        raise ValueError(f"no dependency rule for action kind {action.kind!r}")
+
+    # --- text form ---------------------------------------------------------------------------
+    def to_text(self) -> str:
+        """One line per rank, actions separated by spaces, after a header that pins the shape."""
+        header = (f"# name={self.name} microbatches={self.microbatches} "
+                  f"placement={','.join(map(str, self.placement))}")
+        return "\n".join([header] + [" ".join(map(str, acts)) for acts in self.actions]) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str, *, placement: Sequence[int] | None = None,
+                  microbatches: int | None = None, name: str | None = None) -> "Schedule":
+        """Read one line per rank (`0F0 0F1 0B0 ...`); an optional `rank 1:` prefix is allowed.
+
+        Stages, placement and microbatch count are inferred unless given (or unless the
+        `# name=... microbatches=... placement=...` header written by `to_text` is present).
+        """
+        rows: list[list[Action]] = []
+        for raw in text.splitlines():
+            line = raw.strip()
+            if line.startswith("#"):
+                meta = dict(tok.split("=", 1) for tok in line[1:].split() if "=" in tok)
+                name = name or meta.get("name")
+                if microbatches is None and "microbatches" in meta:
+                    microbatches = int(meta["microbatches"])
+                if placement is None and "placement" in meta:
+                    placement = [int(r) for r in meta["placement"].split(",")]
+                continue
+            if not line:
+                continue
+            if ":" in line:
+                line = line.split(":", 1)[1]
+            rows.append(_parse_cells(line.replace(",", " ").split()))
+        return cls._from_rows(rows, placement, microbatches, name)
+
+    def to_csv(self, path: str | Path | None = None) -> str:
+        """One row per rank, one cell per action (PyTorch's pipeline CSV layout)."""
+        buf = io.StringIO()
+        writer = csv.writer(buf, lineterminator="\n")
+        for acts in self.actions:
+            writer.writerow([str(a) for a in acts])
+        text = buf.getvalue()
+        if path is not None:
+            Path(path).write_text(text)
+        return text
+
+    @classmethod
+    def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
+                 microbatches: int | None = None, name: str | None = None) -> "Schedule":
+        source = Path(path_or_text)
+        text = source.read_text() if "\n" not in str(path_or_text) and source.exists() else str(path_or_text)
+        rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(text))]
+        return cls._from_rows(rows, placement, microbatches, name)
+
+    @classmethod
+    def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":
+        all_actions = [a for row in rows for a in row]
+        if not all_actions:
+            raise ValueError("the schedule has no actions")
+        if placement is None:
+            owner: dict[int, int] = {}
+            for rank, row in enumerate(rows):
+                for a in row:
+                    if owner.setdefault(a.stage, rank) != rank:
+                        raise ValueError(
+                            f"stage {a.stage} appears on rank {owner[a.stage]} and rank {rank}; "
+                            "pass placement=[...] to say which rank owns each stage")
+            n_stages = max(owner) + 1
+            missing = [s for s in range(n_stages) if s not in owner]
+            if missing:
+                raise ValueError(f"stage(s) {missing} appear on no rank; pass placement=[...]")
+            placement = [owner[s] for s in range(n_stages)]
+        if microbatches is None:
+            microbatches = max(a.microbatch for a in all_actions) + 1
+        return cls(rows, tuple(placement), microbatches, name or "custom")
+
+    # --- display -----------------------------------------------------------------------------
+    def grid(self, mark: Iterable[tuple[int, int]] = (), window: int | None = None) -> str:
+        from .grid import render_grid
+        return render_grid(self, mark=mark, window=window)
+
+    def __str__(self) -> str:
+        return self.grid()
+
+    def validate(self) -> "Schedule":
+        """Raise ScheduleError (with the grid, the bad step marked) unless the schedule is sound."""
+        from .validate import validate
+        validate(self)
+        return self
+
+
+def _parse_cells(cells: Iterable[str]) -> list[Action]:
+    return [Action.parse(c) for c in (c.strip() for c in cells) if c and c not in IDLE_MARKS]

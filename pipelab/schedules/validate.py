@@ -1,0 +1,154 @@
+"""Is a schedule sound? Checks that explain themselves, then a dry run that finds deadlocks.
+
+The dry run executes the schedule the way the runtime does: each rank runs its actions strictly
+in order, and an action starts only once the actions it consumes have finished (sends never
+block). If no rank can move and some still have work, the schedule deadlocks.
+"""
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+
+from .actions import KINDS, Action
+
+
+class ScheduleError(ValueError):
+    """A schedule that cannot run; the message shows the grid with the bad step marked."""
+
+    def __init__(self, problem: str, schedule=None, mark=()):
+        self.problem = problem
+        self.mark = list(mark)
+        text = problem
+        if schedule is not None:
+            text += "\n\n" + schedule.grid(mark=self.mark, window=6 if len(schedule) > 400 else None)
+        super().__init__(text)
+
+
+def validate(schedule) -> list[tuple[int, int]]:
+    """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
+    for check in (_check_shape, _check_actions, _check_complete, _check_local_order):
+        check(schedule)
+    return execution_order(schedule)
+
+
+def _check_shape(s) -> None:
+    if s.ranks < 1:
+        raise ScheduleError("a schedule needs at least one rank")
+    if s.microbatches < 1:
+        raise ScheduleError(f"microbatches must be at least 1, got {s.microbatches}")
+    bad = [(st, r) for st, r in enumerate(s.placement) if not 0 <= r < s.ranks]
+    if bad:
+        raise ScheduleError(f"stage {bad[0][0]} is placed on rank {bad[0][1]}, "
+                            f"but there are only {s.ranks} ranks")
+    idle = [r for r in range(s.ranks) if not s.stages_of(r)]
+    if idle:
+        raise ScheduleError(f"rank {idle[0]} owns no stage (placement {list(s.placement)})")
+
+
+def _check_actions(s) -> None:
+    seen: dict[Action, tuple[int, int]] = {}
+    for rank, acts in enumerate(s.actions):
+        for index, a in enumerate(acts):
+            here = [(rank, index)]
+            if a.kind not in KINDS:
+                raise ScheduleError(f"{a}: unknown action kind {a.kind!r}", s, here)
+            if not 0 <= a.stage < s.stages:
+                raise ScheduleError(f"{a} names stage {a.stage}, but stages are 0..{s.stages - 1}", s, here)
+            if not 0 <= a.microbatch < s.microbatches:
+                raise ScheduleError(f"{a} names microbatch {a.microbatch}, "
+                                    f"but microbatches are 0..{s.microbatches - 1}", s, here)
+            owner = s.placement[a.stage]
+            if owner != rank:
+                raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank {owner}",
+                                    s, here)
+            if a in seen:
+                raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
+                                    f"rank {rank} step {index})", s, [seen[a], (rank, index)])
+            seen[a] = (rank, index)
+
+
+def _check_complete(s) -> None:
+    present = Counter()
+    for acts in s.actions:
+        for a in acts:
+            present[(a.stage, a.microbatch, a.kind)] += 1
+    for stage in range(s.stages):
+        rank = s.placement[stage]
+        end = [(rank, len(s.actions[rank]))]
+        for m in range(s.microbatches):
+            has = {k for k in ("F", "B", "I", "W") if present[(stage, m, k)]}
+            if "F" not in has:
+                raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
+                                    f"({stage}F{m} is missing on rank {rank})", s, end)
+            if "B" in has and has & {"I", "W"}:
+                raise ScheduleError(f"microbatch {m} on stage {stage} has a full backward {stage}B{m} "
+                                    f"and a split one ({stage}I{m}/{stage}W{m}); use one or the other", s)
+            if not has & {"B", "I"}:
+                raise ScheduleError(f"stage {stage} never runs the backward of microbatch {m} "
+                                    f"(needs {stage}B{m}, or {stage}I{m} then {stage}W{m}, on rank {rank})",
+                                    s, end)
+            if ("I" in has) != ("W" in has):
+                missing = "W" if "I" in has else "I"
+                raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
+                                    f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
+
+
+def _check_local_order(s) -> None:
+    """Backward after forward and W after I, on the rank that runs both: clearer than a deadlock."""
+    for rank, acts in enumerate(s.actions):
+        position = {a: i for i, a in enumerate(acts)}
+        for i, a in enumerate(acts):
+            before = {"B": "F", "I": "F", "W": "I"}.get(a.kind)
+            if before is None:
+                continue
+            need = Action(a.stage, before, a.microbatch)
+            j = position.get(need)
+            if j is not None and j > i:
+                raise ScheduleError(f"rank {rank} runs {a} at step {i}, before {need} at step {j}: "
+                                    f"{KINDS[a.kind]} needs the {KINDS[before]} first",
+                                    s, [(rank, i), (rank, j)])
+
+
+def execution_order(s) -> list[tuple[int, int]]:
+    """(rank, position) pairs in an order a blocking run could take; ScheduleError on deadlock."""
+    position = [0] * s.ranks
+    done: set[Action] = set()
+    waiting: dict[Action, list[int]] = defaultdict(list)
+    ready = list(range(s.ranks))
+    order: list[tuple[int, int]] = []
+    deps_of = s.dependencies
+    while ready:
+        rank = ready.pop()
+        acts = s.actions[rank]
+        while position[rank] < len(acts):
+            action = acts[position[rank]]
+            missing = next((d for d in deps_of(action) if d not in done), None)
+            if missing is not None:
+                waiting[missing].append(rank)
+                break
+            done.add(action)
+            order.append((rank, position[rank]))
+            position[rank] += 1
+            ready.extend(waiting.pop(action, ()))
+    stuck = [r for r in range(s.ranks) if position[r] < len(s.actions[r])]
+    if stuck:
+        raise ScheduleError(_explain_deadlock(s, position, stuck), s,
+                            [(r, position[r]) for r in stuck])
+    return order
+
+
+def _explain_deadlock(s, position, stuck) -> str:
+    where = {a: (r, i) for r, acts in enumerate(s.actions) for i, a in enumerate(acts)}
+    done = {a for r, acts in enumerate(s.actions) for a in acts[:position[r]]}
+    lines = ["deadlock: no rank can make progress."]
+    for rank in stuck:
+        action = s.actions[rank][position[rank]]
+        missing = next(d for d in s.dependencies(action) if d not in done)
+        if missing not in where:
+            lines.append(f"rank {rank} cannot run {action}: it needs {missing}, which no rank runs")
+            continue
+        other, _ = where[missing]
+        blocker = s.actions[other][position[other]]
+        who = "it" if other == rank else f"rank {other}"
+        lines.append(f"rank {rank} waits for {missing} (to run {action}), "
+                     f"which {who} only runs after {blocker}")
+    return "\n".join(lines)

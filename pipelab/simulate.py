@@ -1,0 +1,107 @@
+"""Simulate a schedule on a cost model: an event simulation of its dependency graph.
+
+Each rank runs its actions in order; an action starts when its rank is free and every input has
+arrived, plus `comm` when the input crosses ranks. Closed forms only hold for balanced stages
+and zero communication; this always holds.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+from .schedules.actions import Action
+from .schedules.validate import validate
+from .timeline import Event, Timeline
+
+Cost = float | Sequence[float]
+
+
+@dataclass
+class Costs:
+    """Time of one microbatch's action on one stage. A full backward B costs I + W.
+
+    Each of F, I, W is one number for every stage, or a sequence with one number per stage.
+    `per_action` (measured seconds per action, as in a replay) overrides the model.
+    """
+    F: Cost = 1.0
+    I: Cost = 1.0
+    W: Cost = 1.0
+    comm: float = 0.0
+    per_action: Mapping[Action, float] | None = None
+    unit: str = "units"
+
+    def __post_init__(self) -> None:
+        for name in ("F", "I", "W"):
+            values = getattr(self, name)
+            values = values if isinstance(values, (list, tuple)) else [values]
+            if any(v < 0 for v in values):
+                raise ValueError(f"Costs.{name} must be non-negative, got {getattr(self, name)!r}")
+        if self.comm < 0:
+            raise ValueError(f"Costs.comm must be non-negative, got {self.comm!r}")
+
+    @classmethod
+    def from_backward(cls, F: float = 1.0, B: float = 2.0, comm: float = 0.0, **kw) -> "Costs":
+        """A model given the full backward B, split evenly into I and W."""
+        return cls(F=F, I=B / 2, W=B / 2, comm=comm, **kw)
+
+    def of(self, kind: str, stage: int) -> float:
+        value = getattr(self, kind)
+        if isinstance(value, (list, tuple)):
+            if stage >= len(value):
+                raise ValueError(f"Costs.{kind} has {len(value)} per-stage values, "
+                                 f"but the schedule has stage {stage}")
+            return float(value[stage])
+        return float(value)
+
+    def duration(self, action: Action) -> float:
+        if self.per_action is not None and action in self.per_action:
+            return self.per_action[action]
+        if action.kind == "B":
+            return self.of("I", action.stage) + self.of("W", action.stage)
+        if action.kind in ("F", "I", "W"):
+            return self.of(action.kind, action.stage)
+        raise ValueError(f"no cost for action kind {action.kind!r}; use per_action")
+
+
+def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
+             source: str = "simulated") -> Timeline:
+    """Run the schedule on the cost model. `i_frees` is the share of a forward's activations
+    that an input-gradient pass I releases (W releases the rest; a full B releases all)."""
+    costs = costs or Costs()
+    if not 0.0 <= i_frees <= 1.0:
+        raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
+    order = validate(schedule)
+    place, comm = schedule.placement, costs.comm
+    unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
+    end: dict[Action, float] = {}
+    free = [0.0] * schedule.ranks
+    events: list[Event] = []
+    deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
+    for rank, index in order:
+        action = schedule.actions[rank][index]
+        start = free[rank]
+        for dep in schedule.dependencies(action):
+            arrival = end[dep] + (comm if place[dep.stage] != rank else 0.0)
+            if arrival > start:
+                start = arrival
+        finish = start + costs.duration(action)
+        end[action] = free[rank] = finish
+        events.append(Event(rank, action, start, finish))
+        released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}.get(action.kind)
+        if action.kind == "F":
+            deltas[rank].append((start, unit[rank]))
+        elif released:
+            deltas[rank].append((finish, -unit[rank] * released))
+    return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
+                    memory_unit="microbatch-stages", title=schedule.name, time_unit=costs.unit)
+
+
+def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
+    curves = {}
+    for rank, changes in deltas.items():
+        level, curve = 0.0, [(0.0, 0.0)]
+        for t, delta in sorted(changes, key=lambda c: (c[0], c[1])):   # frees first on ties
+            level += delta
+            curve.append((t, round(level, 12)))
+        curves[rank] = curve
+    return curves
