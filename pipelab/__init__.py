@@ -7,6 +7,7 @@ from .timeline import Event, Timeline
 from .data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                    split_microbatches)
 from .train import evaluate, sample, train
+from .partition import Partition, measure_layer_times, partition
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
@@ -14,4 +15,5 @@ __all__ = [
     "schedule", "v_placement", "Costs", "simulate", "Event", "Timeline",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
+    "Partition", "measure_layer_times", "partition",
 ]

@@ -85,3 +85,78 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
         plot(tl, ax=ax, title=titles[i] if titles else None, **kwargs)
     fig.tight_layout()
     return fig
+
+
+# --- stage balance (partitions) ---------------------------------------------------------------
+
+BALANCE_COLOURS = {"params": "#8172B3", "flops": "#4C72B0", "times": "#DD8452"}
+BALANCE_LABELS = {"params": "parameters", "flops": "FLOPs (model)", "times": "time (measured, one process)"}
+
+
+def plot_balance(parts, ax=None, title: str | None = None):
+    """Each stage's share of the model's parameters, FLOPs and (if measured) time, in percent.
+
+    A dashed line marks the perfect share 100/stages: the pipeline runs at the pace of the tallest
+    bar, so the height above the line is time every other stage spends waiting.
+    """
+    import numpy as np
+    ax = _axes(ax, figsize=(max(5, 1.1 * parts.stages + 2), 3))
+    metrics = [m for m in ("params", "flops", "times") if getattr(parts, m) is not None]
+    width = 0.8 / len(metrics)
+    x = np.arange(parts.stages)
+    for k, metric in enumerate(metrics):
+        values = np.asarray(getattr(parts, metric), dtype=float)
+        ax.bar(x + (k - (len(metrics) - 1) / 2) * width, 100 * values / values.sum(), width,
+               color=BALANCE_COLOURS[metric],
+               label=f"{BALANCE_LABELS[metric]}, max/mean {parts.imbalance(metric):.2f}")
+    ax.axhline(100 / parts.stages, color="black", linestyle="--", linewidth=1, label="perfect balance")
+    stage_layouts = parts.layout.split("|")
+    ax.set_xticks(x, [f"stage {s}\n{stage_layouts[s]}" for s in range(parts.stages)], fontsize=8)
+    ax.set_ylabel("share of the model (%)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    ax.set_title(title or f"{parts.method}: {parts.layout}", fontsize=10)
+    return ax
+
+
+def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
+    """Per-layer parameters, forward FLOPs and (if given) measured time: embedding and head stand out."""
+    import matplotlib.pyplot as plt
+    from .model import layer_costs
+    costs = layer_costs(cfg, batch_size)
+    panels = [("params", [c["params"] for c in costs], "parameters"),
+              ("flops", [c["flops"] for c in costs], f"forward FLOPs (model, batch {batch_size})")]
+    if layer_times is not None:
+        panels.append(("times", [t * 1e3 for t in layer_times], "fwd+bwd ms (measured, one process)"))
+    if axes is None:
+        _, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3))
+    names = ["E" if c["kind"] == "embedding" else "L" if c["kind"] == "head" else str(c["index"])
+             for c in costs]
+    for ax, (metric, values, label) in zip(axes, panels):
+        colours = [OTHER_COLOUR if c["kind"] != "block" else BALANCE_COLOURS[metric] for c in costs]
+        ax.bar(range(len(values)), values, color=colours)
+        ax.set_xticks(range(len(values)), names, fontsize=8)
+        ax.set_xlabel("layer (E embedding, 1..n blocks, L head + loss)", fontsize=8)
+        ax.set_title(label, fontsize=10)
+    axes[0].figure.tight_layout()
+    return axes
+
+
+def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int | None = None):
+    """A slider for the number of stages and a dropdown for the method, redrawing the balance."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from IPython.display import display
+    from .partition import METHODS, partition
+    stages = widgets.IntSlider(value=min(4, cfg.total_layers), min=1,
+                               max=max_stages or cfg.total_layers, description="stages")
+    method = widgets.Dropdown(options=METHODS, value="uniform", description="method")
+
+    def draw(stages: int, method: str) -> None:
+        parts = partition(cfg, stages, method, batch_size=batch_size, layer_times=layer_times)
+        parts.plot()
+        plt.show()
+        print(parts.table())
+
+    out = widgets.interactive_output(draw, {"stages": stages, "method": method})
+    display(widgets.HBox([stages, method]), out)
+    return stages, method, out
