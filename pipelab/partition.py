@@ -18,7 +18,9 @@ import torch
 from .model import ModelConfig, build_layer, layer_costs, loss_fn
 
 METHODS = ("uniform", "params", "cost")
-_TOKEN = re.compile(r"^(E|L|t)(?:\*(\d+))?$")
+_TOKEN = re.compile(r"(E|L|t)(?:\*(\d+))?")
+_SEPARATORS = re.compile(r"[+\s,]*")           # "+", spaces and (as in Megatron) commas are cosmetic
+_LAYOUT_CHARS = set("EtL|*+, \t\n0123456789")
 
 
 class Partition:
@@ -75,12 +77,12 @@ class Partition:
 
     def table(self) -> str:
         """One row per stage: its layers, parameters, FLOPs and (if measured) time."""
-        head = f"{'stage':>5}  {'layers':<12} {'layout':<10} {'params':>10} {'GFLOP':>9}"
+        head = f"{'stage':>5}  {'layers':<12} {'layout':<10} {'params':>10} {'MFLOP':>9}"
         head += f" {'time ms':>8}" if self.times else ""
         rows = [f"partition {self.method!r}: {self.layout}", head]
         for s, (a, b) in enumerate(self.bounds):
             row = (f"{s:>5}  {f'[{a}, {b})':<12} {_stage_layout(self.cfg, a, b):<10} "
-                   f"{self.params[s]:>10,} {self.flops[s] / 1e9:>9.4f}")
+                   f"{self.params[s]:>10,} {self.flops[s] / 1e6:>9.2f}")
             row += f" {self.times[s] * 1e3:>8.3f}" if self.times else ""
             rows.append(row)
         imb = f"imbalance (max/mean): params {self.imbalance('params'):.2f}, flops {self.imbalance('flops'):.2f}"
@@ -207,25 +209,29 @@ def balanced_bounds(weights: Sequence[float], stages: int) -> list[tuple[int, in
 
 
 def parse_layout(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
-    """Bounds of a layout such as "E|t*3|t*3|L" or "E+t t|t*2+L" for `cfg`; ValueError if it does not fit."""
-    if not isinstance(layout, str) or not any(ch in layout for ch in "|EtL"):
+    """Bounds of a layout such as "E|t*3|t*3|L", "E+t t|t*2+L" or Megatron's "Et*3|t*3|tL".
+
+    ValueError if it is not a layout or does not fit the model.
+    """
+    if not isinstance(layout, str) or not ("|" in layout or set(layout) <= _LAYOUT_CHARS):
         raise ValueError(f"unknown partition method {layout!r}: use one of {', '.join(METHODS)} "
                          f"or a layout such as 'E|t*3|t*3|L'")
     kinds: list[list[str]] = []           # per stage, "E" / "t" / "L" for each layer in order
     for s, text in enumerate(layout.split("|")):
         stage: list[str] = []
-        for token in re.split(r"[+\s]+", text.strip()):
-            if not token:
-                continue
-            match = _TOKEN.match(token)
+        pos = _SEPARATORS.match(text).end()
+        while pos < len(text):
+            match = _TOKEN.match(text, pos)
             if not match:
+                token = re.match(r"[^+\s,]+", text[pos:]).group()
                 raise ValueError(f"layout {layout!r}: unknown token {token!r} in stage {s} "
                                  f"(use E, L, t or t*N)")
             kind, count = match.group(1), int(match.group(2) or 1)
             if count < 1 or (kind != "t" and match.group(2)):
-                raise ValueError(f"layout {layout!r}: bad count in {token!r} in stage {s} "
+                raise ValueError(f"layout {layout!r}: bad count in {match.group()!r} in stage {s} "
                                  f"(only t takes a count, and it must be >= 1)")
             stage += [kind] * count
+            pos = _SEPARATORS.match(text, match.end()).end()
         if not stage:
             raise ValueError(f"layout {layout!r}: stage {s} is empty (every stage needs a layer)")
         kinds.append(stage)

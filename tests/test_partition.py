@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import itertools
+import pickle
 import random
 
 import matplotlib
@@ -125,6 +126,8 @@ def test_measure_layer_times() -> None:
     ("E+t|t*2|t*2|t+L", [(0, 2), (2, 4), (4, 6), (6, 8)]),
     ("E t t | t t t t+L", [(0, 3), (3, 8)]),
     ("E t*6 L", [(0, 8)]),
+    ("Et*3|t*2|tL", [(0, 4), (4, 6), (6, 8)]),          # Megatron-Core's compact spelling
+    ("E, tt | t*2, t*2 + L", [(0, 3), (3, 8)]),
 ])
 def test_layouts_parse(layout: str, bounds: list[tuple[int, int]]) -> None:
     parts = pl.partition(cfg(6), method=layout)
@@ -150,7 +153,9 @@ def test_layout_with_matching_stages() -> None:
     ("E|t*4|x|L", "unknown token 'x' in stage 2"),
     ("E|t*0|t*4|L", "bad count"),
     ("E*2|t*4|L", "bad count"),
+    ("E|t*4|t*|L", r"unknown token '\*' in stage 2"),
     ("balanced", "unknown partition method 'balanced'"),
+    ("cost2", "unknown partition method 'cost2'"),
 ])
 def test_bad_layouts(layout: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
@@ -189,6 +194,13 @@ def test_interleaved_stages_are_just_more_stages() -> None:
     ranks, chunks = 2, 2
     parts = pl.partition(cfg(6), stages=ranks * chunks, method="uniform")
     assert parts.stages == len(pl.loop_placement(ranks, chunks))
+
+
+def test_partition_pickles() -> None:
+    # The runtime ships partitions to spawned workers.
+    parts = pl.partition(cfg(4), 3, "params")
+    again = pickle.loads(pickle.dumps(parts))
+    assert again.bounds == parts.bounds and again.layout == parts.layout and again.cfg == parts.cfg
 
 
 def test_uniform_bounds_direct() -> None:
