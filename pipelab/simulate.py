@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .schedules.actions import Action
-from .schedules.validate import validate
 from .timeline import Event, Timeline
 
 Cost = float | Sequence[float]
+_new = tuple.__new__     # builds an Event without the named tuple's slower constructor
 
 
 @dataclass
@@ -70,23 +70,30 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     costs = costs or Costs()
     if not 0.0 <= i_frees <= 1.0:
         raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
-    order = validate(schedule)
+    order = schedule.execution_order()     # validates (once per unchanged schedule)
     place, comm = schedule.placement, costs.comm
+    model_cost: dict[tuple[str, int], float] = {}
     unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
     end: dict[Action, float] = {}
     free = [0.0] * schedule.ranks
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
-    for rank, index in order:
-        action = schedule.actions[rank][index]
+    measured = costs.per_action or {}
+    for rank, action, deps in order:
         start = free[rank]
-        for dep in schedule.dependencies(action):
+        for dep in deps:
             arrival = end[dep] + (comm if place[dep.stage] != rank else 0.0)
             if arrival > start:
                 start = arrival
-        finish = start + costs.duration(action)
+        duration = measured.get(action)
+        if duration is None:
+            key = (action.kind, action.stage)
+            duration = model_cost.get(key)
+            if duration is None:
+                duration = model_cost[key] = costs.duration(action)
+        finish = start + duration
         end[action] = free[rank] = finish
-        events.append(Event(rank, action, start, finish))
+        events.append(_new(Event, (rank, action, start, finish, None)))
         released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}.get(action.kind)
         if action.kind == "F":
             deltas[rank].append((start, unit[rank]))

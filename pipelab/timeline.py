@@ -7,16 +7,15 @@ Metrics use two bubble conventions, named apart so they are never confused:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from .schedules.actions import Action
 
 SOURCES = ("simulated", "measured", "replayed")
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(NamedTuple):
     rank: int
     action: Action
     start: float

@@ -7,7 +7,7 @@ Later schedules add kinds with `register_kind`; the text form stays <stage><KIND
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from typing import NamedTuple
 
 KINDS: dict[str, str] = {
     "F": "forward",
@@ -29,8 +29,8 @@ def register_kind(kind: str, description: str) -> None:
     KINDS[kind] = description
 
 
-@dataclass(frozen=True, slots=True)
-class Action:
+class Action(NamedTuple):
+    """One compute step; a named tuple because schedules hold hundreds of thousands of them."""
     stage: int
     kind: str
     microbatch: int

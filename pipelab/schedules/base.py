@@ -14,6 +14,7 @@ from typing import Iterable, Sequence
 from .actions import Action, INPUT_GRAD_KINDS
 
 IDLE_MARKS = {".", "-", "_"}
+_new = tuple.__new__     # builds an Action without the named tuple's slower constructor
 
 
 @dataclass
@@ -23,6 +24,7 @@ class Schedule:
     microbatches: int
     name: str = "custom"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
+    _checked: tuple = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.actions = [list(rank_actions) for rank_actions in self.actions]
@@ -52,34 +54,40 @@ class Schedule:
         return sum(len(a) for a in self.actions)
 
     # --- dependencies --------------------------------------------------------------------------
-    def _lookup(self) -> dict:
-        # Built lazily: which backward kind (B or I) each (stage, microbatch) uses.
-        if self._index is None:
-            grad_kind = {}
-            for rank_actions in self.actions:
-                for a in rank_actions:
-                    if a.kind in INPUT_GRAD_KINDS:
-                        grad_kind[(a.stage, a.microbatch)] = a.kind
-            self._index = grad_kind
-        return self._index
+    def reindex(self) -> None:
+        """Recompute which backward kind (B or I) each (stage, microbatch) uses."""
+        self._index = {(a.stage, a.microbatch): a.kind
+                       for acts in self.actions for a in acts if a.kind in INPUT_GRAD_KINDS}
 
     def input_grad_action(self, stage: int, microbatch: int) -> Action:
         """The action that produces the gradient of `stage`'s input: its B, or its I when split."""
-        return Action(stage, self._lookup().get((stage, microbatch), "B"), microbatch)
+        if self._index is None:
+            self.reindex()
+        return _new(Action, (stage, self._index.get((stage, microbatch), "B"), microbatch))
 
     def dependencies(self, action: Action) -> list[Action]:
         """Actions that must finish before `action` can start (data it consumes)."""
-        s, m = action.stage, action.microbatch
-        if action.kind == "F":
-            return [Action(s - 1, "F", m)] if s > 0 else []
-        if action.kind in INPUT_GRAD_KINDS:
-            deps = [Action(s, "F", m)]
-            if s < self.stages - 1:
-                deps.append(self.input_grad_action(s + 1, m))
-            return deps
-        if action.kind == "W":
-            return [Action(s, "I", m)]
-        raise ValueError(f"no dependency rule for action kind {action.kind!r}")
+        s, kind, m = action
+        if kind == "F":        # the previous stage's activation
+            return [_new(Action, (s - 1, "F", m))] if s else []
+        if kind == "B" or kind == "I":      # own forward, and the next stage's input gradient
+            if s + 1 < len(self.placement):
+                if self._index is None:
+                    self.reindex()
+                grad = _new(Action, (s + 1, self._index.get((s + 1, m), "B"), m))
+                return [_new(Action, (s, "F", m)), grad]
+            return [_new(Action, (s, "F", m))]
+        if kind == "W":        # the weight gradient reuses what I computed
+            return [_new(Action, (s, "I", m))]
+        raise ValueError(f"no dependency rule for action kind {kind!r}")
+
+    def execution_order(self) -> list:
+        """A validated execution order (see validate.py), cached while the schedule is unchanged."""
+        key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)))
+        if self._checked is None or self._checked[0] != key:
+            from .validate import validate
+            self._checked = (key, validate(self))
+        return self._checked[1]
 
     # --- text form ---------------------------------------------------------------------------
     def to_text(self) -> str:

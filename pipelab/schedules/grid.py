@@ -16,12 +16,11 @@ def unit_steps(schedule) -> list[list[int]] | None:
         return None
     step_of: dict = {}
     free = [0] * schedule.ranks
-    steps = [[0] * len(acts) for acts in schedule.actions]
-    for rank, index in order:
-        action = schedule.actions[rank][index]
-        start = max([free[rank]] + [step_of[d] + 1 for d in schedule.dependencies(action)])
+    steps: list[list[int]] = [[] for _ in schedule.actions]
+    for rank, action, deps in order:
+        start = max([free[rank]] + [step_of[d] + 1 for d in deps])
         step_of[action] = start
-        steps[rank][index] = start
+        steps[rank].append(start)
         free[rank] = start + 1
     return steps
 

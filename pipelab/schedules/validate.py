@@ -6,7 +6,7 @@ block). If no rank can move and some still have work, the schedule deadlocks.
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 
 from .actions import KINDS, Action
 
@@ -23,7 +23,7 @@ class ScheduleError(ValueError):
         super().__init__(text)
 
 
-def validate(schedule) -> list[tuple[int, int]]:
+def validate(schedule) -> list[tuple[int, Action, list[Action]]]:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
     for check in (_check_shape, _check_actions, _check_complete, _check_local_order):
         check(schedule)
@@ -66,16 +66,23 @@ def _check_actions(s) -> None:
             seen[a] = (rank, index)
 
 
+# Kinds one (stage, microbatch) may run, in any order (duplicates are rejected earlier).
+_SOUND = {"FB", "BF", "FIW", "FWI", "IFW", "IWF", "WFI", "WIF"}
+
+
 def _check_complete(s) -> None:
-    present = Counter()
+    kinds: dict[tuple[int, int], str] = defaultdict(str)
     for acts in s.actions:
-        for a in acts:
-            present[(a.stage, a.microbatch, a.kind)] += 1
+        for stage, kind, m in acts:
+            kinds[(stage, m)] += kind
     for stage in range(s.stages):
         rank = s.placement[stage]
         end = [(rank, len(s.actions[rank]))]
         for m in range(s.microbatches):
-            has = {k for k in ("F", "B", "I", "W") if present[(stage, m, k)]}
+            has = kinds.get((stage, m), "")
+            if has in _SOUND:
+                continue
+            has = set(has)
             if "F" not in has:
                 raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
                                     f"({stage}F{m} is missing on rank {rank})", s, end)
@@ -108,27 +115,43 @@ def _check_local_order(s) -> None:
                                     s, [(rank, i), (rank, j)])
 
 
-def execution_order(s) -> list[tuple[int, int]]:
-    """(rank, position) pairs in an order a blocking run could take; ScheduleError on deadlock."""
+def execution_order(s) -> list[tuple[int, Action, list[Action]]]:
+    """(rank, action, its dependencies) in an order a blocking run could take.
+
+    Raises ScheduleError on deadlock. Event-driven: a rank that cannot move parks itself on the
+    first missing input and is woken when that input is produced, so the pass is linear.
+    """
+    s.reindex()
     position = [0] * s.ranks
     done: set[Action] = set()
     waiting: dict[Action, list[int]] = defaultdict(list)
+    parked: dict[int, list[Action]] = {}     # dependencies of the action a rank is stuck at
     ready = list(range(s.ranks))
-    order: list[tuple[int, int]] = []
+    order = []
     deps_of = s.dependencies
     while ready:
         rank = ready.pop()
         acts = s.actions[rank]
-        while position[rank] < len(acts):
-            action = acts[position[rank]]
-            missing = next((d for d in deps_of(action) if d not in done), None)
+        i, n = position[rank], len(acts)
+        while i < n:
+            action = acts[i]
+            deps = parked.pop(rank, None) or deps_of(action)
+            missing = None
+            for d in deps:
+                if d not in done:
+                    missing = d
+                    break
             if missing is not None:
                 waiting[missing].append(rank)
+                parked[rank] = deps
                 break
             done.add(action)
-            order.append((rank, position[rank]))
-            position[rank] += 1
-            ready.extend(waiting.pop(action, ()))
+            order.append((rank, action, deps))
+            i += 1
+            woken = waiting.pop(action, None)
+            if woken:
+                ready.extend(woken)
+        position[rank] = i
     stuck = [r for r in range(s.ranks) if position[r] < len(s.actions[r])]
     if stuck:
         raise ScheduleError(_explain_deadlock(s, position, stuck), s,

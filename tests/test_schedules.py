@@ -1,0 +1,143 @@
+"""The schedule language: actions, text/CSV forms, the registry and the validator."""
+import pytest
+
+import pipelab as pl
+from pipelab.schedules import Action, Schedule, ScheduleError, comm_plan
+
+GENERATED = [(name, p, m) for name in ("gpipe", "1f1b") for p in (1, 2, 3, 4, 8) for m in (1, 2, 5, 8)]
+
+
+def test_action_text_round_trips():
+    for text in ("0F0", "1F3", "12B7", "3I0", "3W10"):
+        assert str(Action.parse(text)) == text
+    assert Action.parse("1F3") == Action(1, "F", 3)
+
+
+@pytest.mark.parametrize("bad", ["F3", "1f3", "1X3", "", "1F", "a1F3"])
+def test_action_parse_rejects_bad_text(bad):
+    with pytest.raises(ValueError):
+        Action.parse(bad)
+
+
+@pytest.mark.parametrize("name,p,m", GENERATED)
+def test_text_and_csv_round_trip(name, p, m, tmp_path):
+    sched = pl.schedule(name, ranks=p, microbatches=m)
+    again = Schedule.from_text(sched.to_text())
+    assert again.actions == sched.actions and again.placement == sched.placement
+    assert again.microbatches == m and again.name == name
+    path = tmp_path / "s.csv"
+    sched.to_csv(path)
+    from_csv = Schedule.from_csv(path)
+    assert from_csv.actions == sched.actions and from_csv.placement == sched.placement
+
+
+def test_from_text_accepts_rank_prefixes_comments_and_idle_marks():
+    sched = Schedule.from_text("""
+        # two ranks, two microbatches
+        rank 0: 0F0 0F1 .   .   0B0 0B1
+        rank 1: .   1F0 1B0 1F1 1B1
+    """).validate()
+    assert sched.ranks == 2 and sched.placement == (0, 1) and sched.microbatches == 2
+    assert [str(a) for a in sched.actions[1]] == ["1F0", "1B0", "1F1", "1B1"]
+
+
+def test_from_text_rejects_a_stage_on_two_ranks():
+    with pytest.raises(ValueError, match="stage 0 appears on rank 0 and rank 1"):
+        Schedule.from_text("0F0 0B0\n0F1 0B1")
+
+
+def test_one_f_one_b_reads_as_warmup_steady_cooldown():
+    sched = pl.schedule("1f1b", ranks=4, microbatches=8)
+    assert " ".join(map(str, sched.actions[0][:5])) == "0F0 0F1 0F2 0F3 0B0"
+    assert " ".join(map(str, sched.actions[3][:4])) == "3F0 3B0 3F1 3B1"
+    assert " ".join(map(str, sched.actions[0][-3:])) == "0B5 0B6 0B7"
+
+
+def test_grid_lines_ranks_up_like_the_papers():
+    text = str(pl.schedule("gpipe", ranks=2, microbatches=2))
+    lines = text.splitlines()
+    assert lines[0].split() == ["step", "|", "rank", "0", "rank", "1"]
+    assert lines[2].split() == ["0", "|", "0F0", "."]
+    assert lines[3].split() == ["1", "|", "0F1", "1F0"]
+
+
+def test_registry_lists_names_and_rejects_bad_arguments():
+    assert {"gpipe", "1f1b"} <= set(pl.SCHEDULES)
+    with pytest.raises(ValueError, match="registered schedules: .*gpipe"):
+        pl.schedule("nope", ranks=2, microbatches=2)
+    with pytest.raises(ValueError, match="ranks must be a positive integer"):
+        pl.schedule("1f1b", ranks=0, microbatches=2)
+    with pytest.raises(ValueError, match="microbatches must be a positive integer"):
+        pl.schedule("1f1b", ranks=2, microbatches=2.5)
+    with pytest.raises(ValueError, match="does not take option"):
+        pl.schedule("gpipe", ranks=2, microbatches=2, chunks=2)
+
+
+def test_comm_plan_derives_sends_and_receives():
+    plan = comm_plan(pl.schedule("1f1b", ranks=2, microbatches=2))
+    first = plan[0][0]     # 0F0 sends its activation to rank 1
+    assert str(first.action) == "0F0" and not first.recv
+    assert [(str(t.producer), str(t.consumer), t.dst) for t in first.send] == [("0F0", "1F0", 1)]
+    last_b = next(s for s in plan[1] if str(s.action) == "1B0")
+    assert [str(t.consumer) for t in last_b.send] == ["0B0"]
+    tags = {t.tag for steps in plan for s in steps for t in s.send}
+    assert len(tags) == sum(len(s.send) for steps in plan for s in steps)   # unique tags
+
+
+# --- the validator: broken schedules are rejected with the grid and a plain explanation -------
+
+def _broken(text, **kw):
+    with pytest.raises(ScheduleError) as info:
+        Schedule.from_text(text, **kw).validate()
+    message = str(info.value)
+    assert "step |" in message, "the message shows the grid"
+    return message
+
+
+def test_rejects_missing_backward():
+    msg = _broken("0F0 0F1 0B0\n1F0 1B0 1F1 1B1")
+    assert "never runs the backward of microbatch 1" in msg and "0B1" in msg
+
+
+def test_rejects_backward_before_forward():
+    msg = _broken("0F0 0B0\n1B0 1F0")
+    assert "runs 1B0 at step 0, before 1F0 at step 1" in msg
+    assert ">1B0<" in msg and ">1F0<" in msg
+
+
+def test_rejects_action_on_wrong_rank():
+    msg = _broken("0F0 0B0 1F0\n1B0", placement=[0, 1])
+    assert "1F0 is on rank 0, but stage 1 lives on rank 1" in msg and ">1F0<" in msg
+
+
+def test_rejects_duplicated_action():
+    msg = _broken("0F0 0F0 0B0\n1F0 1B0")
+    assert "0F0 appears twice" in msg
+
+
+def test_rejects_cross_rank_deadlock_and_names_who_waits_for_what():
+    # Rank 0 insists on 0B0 before sending 0F1, but rank 1 wants 1F1 before running 1B0.
+    msg = _broken("0F0 0B0 0F1 0B1\n1F0 1F1 1B0 1B1")
+    assert "deadlock" in msg
+    assert "rank 1 waits for 0F1 (to run 1F1), which rank 0 only runs after 0B0" in msg
+    assert "rank 0 waits for 1B0 (to run 0B0), which rank 1 only runs after 1F1" in msg
+    assert ">0B0<" in msg and ">1F1<" in msg
+
+
+def test_rejects_out_of_range_microbatch_and_half_split_backward():
+    _broken("0F0 0F1 0B0 0B1", microbatches=1)
+    msg = _broken("0F0 0I0")
+    assert "0W0 is missing" in msg
+
+
+def test_accepts_split_backward_in_order():
+    sched = Schedule.from_text("0F0 0I0 0W0\n1F0 1I0 1W0").validate()
+    assert pl.simulate(sched).makespan == 5.0     # 1W0 overlaps 0I0: the zero-bubble idea
+
+
+def test_long_schedule_error_shows_a_window_not_thousands_of_lines():
+    sched = pl.schedule("1f1b", ranks=4, microbatches=256)
+    sched.actions[2].pop()           # drop the last backward of stage 2
+    with pytest.raises(ScheduleError) as info:
+        sched.validate()
+    assert len(str(info.value).splitlines()) < 40
