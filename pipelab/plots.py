@@ -118,13 +118,16 @@ def plot_balance(parts, ax=None, title: str | None = None):
     return ax
 
 
+VOCAB_LAYER_COLOUR = "#C44E52"    # embedding and head: the layers that are unlike the blocks
+
+
 def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
     """Per-layer parameters, forward FLOPs and (if given) measured time: embedding and head stand out."""
     import matplotlib.pyplot as plt
     from .model import layer_costs
     costs = layer_costs(cfg, batch_size)
-    panels = [("params", [c["params"] for c in costs], "parameters"),
-              ("flops", [c["flops"] for c in costs], f"forward FLOPs (model, batch {batch_size})")]
+    panels = [("params", [c["params"] / 1e3 for c in costs], "parameters (thousands)"),
+              ("flops", [c["flops"] / 1e6 for c in costs], f"forward MFLOP (model, batch {batch_size})")]
     if layer_times is not None:
         panels.append(("times", [t * 1e3 for t in layer_times], "fwd+bwd ms (measured, one process)"))
     if axes is None:
@@ -132,7 +135,7 @@ def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
     names = ["E" if c["kind"] == "embedding" else "L" if c["kind"] == "head" else str(c["index"])
              for c in costs]
     for ax, (metric, values, label) in zip(axes, panels):
-        colours = [OTHER_COLOUR if c["kind"] != "block" else BALANCE_COLOURS[metric] for c in costs]
+        colours = [BALANCE_COLOURS[metric] if c["kind"] == "block" else VOCAB_LAYER_COLOUR for c in costs]
         ax.bar(range(len(values)), values, color=colours)
         ax.set_xticks(range(len(values)), names, fontsize=8)
         ax.set_xlabel("layer (E embedding, 1..n blocks, L head + loss)", fontsize=8)
@@ -142,14 +145,16 @@ def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
 
 
 def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int | None = None):
-    """A slider for the number of stages and a dropdown for the method, redrawing the balance."""
+    """A slider for the number of stages and a dropdown for the method, redrawing the balance.
+
+    Returns the widget (display it, or leave it as a cell's last expression).
+    """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
-    from IPython.display import display
     from .partition import METHODS, partition
     stages = widgets.IntSlider(value=min(4, cfg.total_layers), min=1,
                                max=max_stages or cfg.total_layers, description="stages")
-    method = widgets.Dropdown(options=METHODS, value="uniform", description="method")
+    method = widgets.Dropdown(options=METHODS, value="cost", description="method")
 
     def draw(stages: int, method: str) -> None:
         parts = partition(cfg, stages, method, batch_size=batch_size, layer_times=layer_times)
@@ -158,5 +163,28 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
         print(parts.table())
 
     out = widgets.interactive_output(draw, {"stages": stages, "method": method})
-    display(widgets.HBox([stages, method]), out)
-    return stages, method, out
+    return widgets.VBox([widgets.HBox([stages, method]), out])
+
+
+def plot_sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric,
+               ylabel: str, formula=None, ax=None, costs=None):
+    """A simulated metric (a function of a Timeline) against microbatches, a line per depth p.
+
+    `formula(p, m)`, when given, is drawn dashed so the simulated dots can be checked by eye.
+    """
+    from .schedules import schedule
+    from .simulate import Costs, simulate
+    ax = _axes(ax, figsize=(7, 3.5))
+    for p in ranks:
+        values = [metric(simulate(schedule(name, ranks=p, microbatches=m), costs or Costs()))
+                  for m in microbatches]
+        line, = ax.plot(microbatches, values, "o", markersize=4, label=f"p={p} simulated")
+        if formula is not None:
+            ax.plot(microbatches, [formula(p, m) for m in microbatches], "--",
+                    color=line.get_color(), linewidth=1, label=f"p={p} formula")
+    ax.set_xlabel("microbatches m")
+    ax.set_ylabel(ylabel)
+    ax.set_title(f"{name}: simulated (dots)" + (" vs closed form (dashes)" if formula else ""),
+                 fontsize=10)
+    ax.legend(fontsize=7, ncol=2)
+    return ax

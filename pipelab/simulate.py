@@ -104,11 +104,16 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
 
 
 def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
+    """Step curves; changes at the same instant are merged (a free and an allocation at one
+    moment do not dip to the lower level and back)."""
     curves = {}
     for rank, changes in deltas.items():
         level, curve = 0.0, [(0.0, 0.0)]
-        for t, delta in sorted(changes, key=lambda c: (c[0], c[1])):   # frees first on ties
-            level += delta
-            curve.append((t, round(level, 12)))
+        for t, delta in sorted(changes):
+            level = round(level + delta, 12)
+            if curve[-1][0] == t:
+                curve[-1] = (t, level)
+            else:
+                curve.append((t, level))
         curves[rank] = curve
     return curves

@@ -65,7 +65,7 @@ def test_split_backward_frees_memory_by_share():
     sched = pl.Schedule.from_text("0F0 0F1 0I0 0W0 0I1 0W1")
     assert pl.simulate(sched, i_frees=0.0).peak_activations() == {0: 2}
     curve = [level for _, level in pl.simulate(sched, i_frees=0.5).memory_curve(0)]
-    assert curve == [0, 1, 2, 1.5, 1.0, 0.5, 0.0]
+    assert curve == [1, 2, 1.5, 1.0, 0.5, 0.0]     # 0F0 allocates at time 0
 
 
 def test_per_action_costs_override_the_model():
