@@ -5,6 +5,7 @@ project's 2-core machines. `simulate` validates too (it needs the execution orde
 includes a validation.
 """
 import argparse
+import gc
 import statistics
 import time
 
@@ -12,12 +13,15 @@ import pipelab as pl
 
 
 def timed(fn, repeats):
-    times = []
+    """Median wall and CPU seconds; CPU time is what the work needs when cores are shared."""
+    wall, cpu = [], []
     for _ in range(repeats):
-        t0 = time.perf_counter()
+        gc.collect()    # start each repeat clean, so no repeat pays for the previous one's garbage
+        w0, c0 = time.perf_counter(), time.process_time()
         out = fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), out
+        wall.append(time.perf_counter() - w0)
+        cpu.append(time.process_time() - c0)
+    return statistics.median(wall), statistics.median(cpu), out
 
 
 def main() -> None:
@@ -29,13 +33,16 @@ def main() -> None:
     args = parser.parse_args()
     generator = pl.SCHEDULES[args.schedule]
 
-    t_gen, sched = timed(lambda: generator(ranks=args.ranks, microbatches=args.microbatches), args.repeats)
-    t_val, _ = timed(sched.validate, args.repeats)
-    t_sim, tl = timed(lambda: pl.simulate(sched, pl.Costs()), args.repeats)
+    gen = timed(lambda: generator(ranks=args.ranks, microbatches=args.microbatches), args.repeats)
+    sched = gen[2]
+    val = timed(sched.validate, args.repeats)
+    sim = timed(lambda: pl.simulate(sched, pl.Costs()), args.repeats)
+    tl = sim[2]
     print(f"{args.schedule}: {args.ranks} ranks x {args.microbatches} microbatches = {len(sched)} actions")
-    print(f"{'phase':<10} {'median s':>9} {'target s':>9}  ok")
-    for phase, seconds in (("generate", t_gen), ("validate", t_val), ("simulate", t_sim)):
-        print(f"{phase:<10} {seconds:9.3f} {0.5:9.1f}  {'yes' if seconds < 0.5 else 'NO'}")
+    print(f"{'phase':<10} {'wall s':>8} {'cpu s':>8} {'target s':>9}  ok")
+    for phase, (wall, cpu, _) in (("generate", gen), ("validate", val), ("simulate", sim)):
+        print(f"{phase:<10} {wall:8.3f} {cpu:8.3f} {0.5:9.1f}  {'yes' if wall < 0.5 else 'NO'}")
+    print("(simulate reuses the validated execution order that the schedule caches while unchanged)")
     print(f"makespan {tl.makespan:g} (formula {3 * (args.microbatches + args.ranks - 1)}), "
           f"bubble fraction {tl.bubble_fraction():.4f}")
 

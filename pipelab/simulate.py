@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .schedules.actions import Action
+from .schedules.gcpause import without_gc
 from .timeline import Event, Timeline
 
 Cost = float | Sequence[float]
@@ -63,6 +64,7 @@ class Costs:
         raise ValueError(f"no cost for action kind {action.kind!r}; use per_action")
 
 
+@without_gc
 def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
              source: str = "simulated") -> Timeline:
     """Run the schedule on the cost model. `i_frees` is the share of a forward's activations
@@ -79,13 +81,14 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
     measured = costs.per_action or {}
+    released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}     # share of a forward's activations
     for rank, action, deps in order:
         start = free[rank]
         for dep in deps:
             arrival = end[dep] + (comm if place[dep.stage] != rank else 0.0)
             if arrival > start:
                 start = arrival
-        duration = measured.get(action)
+        duration = measured.get(action) if measured else None
         if duration is None:
             key = (action.kind, action.stage)
             duration = model_cost.get(key)
@@ -94,11 +97,11 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         finish = start + duration
         end[action] = free[rank] = finish
         events.append(_new(Event, (rank, action, start, finish, None)))
-        released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}.get(action.kind)
-        if action.kind == "F":
+        kind = action[1]
+        if kind == "F":
             deltas[rank].append((start, unit[rank]))
-        elif released:
-            deltas[rank].append((finish, -unit[rank] * released))
+        elif released.get(kind):
+            deltas[rank].append((finish, -unit[rank] * released[kind]))
     return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
                     memory_unit="microbatch-stages", title=schedule.name, time_unit=costs.unit)
 
@@ -109,7 +112,7 @@ def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tupl
     curves = {}
     for rank, changes in deltas.items():
         level, curve = 0.0, [(0.0, 0.0)]
-        for t, delta in sorted(changes):
+        for t, delta in changes:    # already in time order: one rank runs one action at a time
             level = round(level + delta, 12)
             if curve[-1][0] == t:
                 curve[-1] = (t, level)

@@ -96,3 +96,11 @@ def test_chrome_trace_and_plots(tmp_path):
     assert "simulated" in tl.plot_memory().get_title()
     fig = pl.plots.compare([tl, tl], titles=["a", "b"])
     assert len(fig.axes) == 2
+
+
+def test_simulate_revalidates_a_schedule_changed_after_it_was_checked():
+    sched = pl.schedule("1f1b", ranks=2, microbatches=2)
+    pl.simulate(sched)
+    sched.actions[1].reverse()        # now 1B1 comes before its forward
+    with pytest.raises(pl.ScheduleError):
+        pl.simulate(sched)

@@ -4,13 +4,15 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+from .gcpause import without_gc
+
 SCHEDULES: dict[str, Callable] = {}
 
 
 def register(name: str) -> Callable:
     """Decorator: make a generator available as `schedule(name, ...)`."""
     def add(generator: Callable) -> Callable:
-        SCHEDULES[name] = generator
+        SCHEDULES[name] = generator = without_gc(generator)
         return generator
     return add
 

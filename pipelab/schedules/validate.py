@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from .actions import KINDS, Action
+from .gcpause import without_gc
 
 
 class ScheduleError(ValueError):
@@ -23,10 +24,13 @@ class ScheduleError(ValueError):
         super().__init__(text)
 
 
+@without_gc
 def validate(schedule) -> list[tuple[int, Action, list[Action]]]:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
-    for check in (_check_shape, _check_actions, _check_complete, _check_local_order):
-        check(schedule)
+    _check_shape(schedule)
+    where = _check_actions(schedule)
+    _check_complete(schedule)
+    _check_local_order(schedule, where)
     return execution_order(schedule)
 
 
@@ -44,10 +48,16 @@ def _check_shape(s) -> None:
         raise ScheduleError(f"rank {idle[0]} owns no stage (placement {list(s.placement)})")
 
 
-def _check_actions(s) -> None:
+def _check_actions(s) -> dict[Action, tuple[int, int]]:
+    """Every action known, in range, on its stage's rank and unique; returns where each runs."""
     seen: dict[Action, tuple[int, int]] = {}
     for rank, acts in enumerate(s.actions):
+        own = set(s.stages_of(rank))
         for index, a in enumerate(acts):
+            if a.kind in KINDS and a.stage in own and 0 <= a.microbatch < s.microbatches \
+                    and a not in seen:
+                seen[a] = (rank, index)      # the common case: nothing to explain
+                continue
             here = [(rank, index)]
             if a.kind not in KINDS:
                 raise ScheduleError(f"{a}: unknown action kind {a.kind!r}", s, here)
@@ -56,14 +66,12 @@ def _check_actions(s) -> None:
             if not 0 <= a.microbatch < s.microbatches:
                 raise ScheduleError(f"{a} names microbatch {a.microbatch}, "
                                     f"but microbatches are 0..{s.microbatches - 1}", s, here)
-            owner = s.placement[a.stage]
-            if owner != rank:
-                raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank {owner}",
-                                    s, here)
-            if a in seen:
-                raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
-                                    f"rank {rank} step {index})", s, [seen[a], (rank, index)])
-            seen[a] = (rank, index)
+            if a.stage not in own:
+                raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank "
+                                    f"{s.placement[a.stage]}", s, here)
+            raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
+                                f"rank {rank} step {index})", s, [seen[a], (rank, index)])
+    return seen
 
 
 # Kinds one (stage, microbatch) may run, in any order (duplicates are rejected earlier).
@@ -99,22 +107,24 @@ def _check_complete(s) -> None:
                                     f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
 
 
-def _check_local_order(s) -> None:
+_NEEDS_FIRST = {"B": "F", "I": "F", "W": "I"}
+
+
+def _check_local_order(s, where: dict[Action, tuple[int, int]]) -> None:
     """Backward after forward and W after I, on the rank that runs both: clearer than a deadlock."""
-    for rank, acts in enumerate(s.actions):
-        position = {a: i for i, a in enumerate(acts)}
-        for i, a in enumerate(acts):
-            before = {"B": "F", "I": "F", "W": "I"}.get(a.kind)
-            if before is None:
-                continue
-            need = Action(a.stage, before, a.microbatch)
-            j = position.get(need)
-            if j is not None and j > i:
-                raise ScheduleError(f"rank {rank} runs {a} at step {i}, before {need} at step {j}: "
-                                    f"{KINDS[a.kind]} needs the {KINDS[before]} first",
-                                    s, [(rank, i), (rank, j)])
+    for a, (rank, i) in where.items():
+        before = _NEEDS_FIRST.get(a.kind)
+        if before is None:
+            continue
+        need = Action(a.stage, before, a.microbatch)
+        j = where[need][1]
+        if j > i:
+            raise ScheduleError(f"rank {rank} runs {a} at step {i}, before {need} at step {j}: "
+                                f"{KINDS[a.kind]} needs the {KINDS[before]} first",
+                                s, [(rank, i), (rank, j)])
 
 
+@without_gc
 def execution_order(s) -> list[tuple[int, Action, list[Action]]]:
     """(rank, action, its dependencies) in an order a blocking run could take.
 
