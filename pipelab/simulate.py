@@ -45,6 +45,23 @@ class Costs:
         """A model given the full backward B, split evenly into I and W."""
         return cls(F=F, I=B / 2, W=B / 2, comm=comm, **kw)
 
+    @classmethod
+    def fit(cls, timeline, stages: int, comm: float = 0.0) -> "Costs":
+        """The per-stage cost model a measured timeline implies: median time of each kind on
+        each stage (CPU time where it was recorded). A full B is split evenly into I and W."""
+        from statistics import median
+        samples: dict[tuple[str, int], list[float]] = {}
+        for e in timeline.events:
+            took = e.cpu if e.cpu is not None else e.duration
+            samples.setdefault((e.action.kind, e.action.stage), []).append(took)
+
+        def per_stage(kind: str) -> list[float]:
+            return [median(samples[(kind, s)]) if (kind, s) in samples else 0.0 for s in range(stages)]
+
+        forward, full, grad_in, grad_w = (per_stage(k) for k in "FBIW")
+        return cls(F=forward, I=[b / 2 + i for b, i in zip(full, grad_in)],
+                   W=[b / 2 + w for b, w in zip(full, grad_w)], comm=comm, unit=timeline.time_unit)
+
     def of(self, kind: str, stage: int) -> float:
         value = getattr(self, kind)
         if isinstance(value, (list, tuple)):

@@ -104,3 +104,12 @@ def test_simulate_revalidates_a_schedule_changed_after_it_was_checked():
     sched.actions[1].reverse()        # now 1B1 comes before its forward
     with pytest.raises(pl.ScheduleError):
         pl.simulate(sched)
+
+
+def test_fit_recovers_the_cost_model_of_a_timeline():
+    costs = pl.Costs(F=[1.0, 2.0], I=[1.5, 0.5], W=[1.5, 0.5], comm=0.0)
+    tl = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=4), costs)
+    fitted = pl.Costs.fit(tl, stages=2)
+    assert fitted.F == [1.0, 2.0] and fitted.I == [1.5, 0.5] and fitted.W == [1.5, 0.5]
+    again = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=4), fitted)
+    assert again.makespan == tl.makespan
