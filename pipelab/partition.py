@@ -265,38 +265,44 @@ def _stage_layout(cfg: ModelConfig, start: int, stop: int) -> str:
     return "+".join(parts)
 
 
-def measure_layer_times(cfg: ModelConfig, batch_size: int = 8, repeats: int = 5) -> list[float]:
+def measure_layer_times(cfg: ModelConfig, batch_size: int = 8, repeats: int = 5,
+                        warmup: int = 5) -> list[float]:
     """Seconds of forward + backward per layer, single process: median thread CPU time of `repeats`.
 
-    The head includes the loss. Thread CPU time is stable on a busy machine where wall-clock is
-    not; torch runs on one thread meanwhile so that CPU time spent in helper threads is not missed.
+    Each layer is timed warm and alone. The head includes the loss. Thread CPU time is steadier
+    than wall-clock on a busy machine; torch runs on one thread meanwhile so that no work escapes
+    into helper threads. `warmup` untimed runs come first: glibc raises its mmap threshold only
+    after some large frees, and until then every big tensor costs fresh page faults (the head's
+    time halves). Layers are not interleaved, because a layer's frees then make the next one
+    fault again.
     """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    if repeats < 1 or warmup < 0:
+        raise ValueError(f"need repeats >= 1 and warmup >= 0, got repeats={repeats}, warmup={warmup}")
     gen = torch.Generator().manual_seed(cfg.seed)
     idx = torch.randint(cfg.vocab_size, (batch_size, cfg.seq_len), generator=gen)
     hidden = torch.randn(batch_size, cfg.seq_len, cfg.d_model, generator=gen)
     grad = torch.randn(batch_size, cfg.seq_len, cfg.d_model, generator=gen)
+    layers = [build_layer(cfg, i) for i in range(cfg.total_layers)]
+    last = cfg.total_layers - 1
+
+    def step(i: int) -> None:
+        out = layers[i](idx if i == 0 else hidden.clone().requires_grad_(True))
+        if i == last:
+            loss_fn(out, idx).backward()
+        else:                                        # as in a pipeline: a gradient arrives
+            out.backward(grad)
+
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
         times = []
-        for i in range(cfg.total_layers):
-            layer = build_layer(cfg, i)
-
-            def step() -> None:
-                x = idx if i == 0 else hidden.clone().requires_grad_(True)
-                out = layer(x)
-                if i == cfg.total_layers - 1:
-                    loss_fn(out, idx).backward()
-                else:                                # as in a pipeline: a gradient arrives
-                    out.backward(grad)
-
-            step()                                   # warm-up: allocator, lazy init
+        for i in range(len(layers)):
+            for _ in range(warmup):
+                step(i)
             samples = []
             for _ in range(repeats):
                 t0 = time.thread_time()
-                step()
+                step(i)
                 samples.append(time.thread_time() - t0)
             times.append(statistics.median(samples))
         return times

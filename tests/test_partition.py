@@ -223,3 +223,16 @@ def test_plots_run_and_are_labelled() -> None:
     axes = plot_layer_costs(c, batch_size=2, layer_times=[0.1, 1, 1, 1, 1, 2])
     assert len(axes) == 3 and "measured" in axes[2].get_title()
     plt.close("all")
+
+
+def test_balance_explorer_redraws(capsys) -> None:
+    import matplotlib.pyplot as plt
+    from pipelab.plots import balance_explorer
+    box = balance_explorer(cfg(4))
+    slider, dropdown = box.children[0].children
+    assert (slider.min, slider.max) == (1, 6) and tuple(dropdown.options) == ("uniform", "params", "cost")
+    capsys.readouterr()
+    dropdown.value = "uniform"
+    slider.value = 6                      # one layer per stage
+    assert "partition 'uniform': E|t|t|t|t|L" in capsys.readouterr().out
+    plt.close("all")
