@@ -55,6 +55,8 @@ class Partition:
 
     def loads(self, by: str = "flops") -> list:
         """Per-stage load by "params", "flops" or "times"."""
+        if by not in ("params", "flops", "times"):
+            raise ValueError(f"load must be 'params', 'flops' or 'times', got {by!r}")
         values = getattr(self, by)
         if values is None:
             raise ValueError(f"this partition has no {by}: pass layer_times= to pl.partition")
@@ -120,14 +122,11 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
         _check_stages(cfg, stages)
         if method == "uniform":
             bounds = uniform_bounds(n, stages)
+        elif method == "cost" and layer_times is not None:
+            bounds = balanced_bounds(list(layer_times), stages)
         else:
-            if method == "params":
-                weights = [c["params"] for c in layer_costs(cfg, batch_size)]
-            elif layer_times is not None:
-                weights = list(layer_times)
-            else:
-                weights = [c["flops"] for c in layer_costs(cfg, batch_size)]
-            bounds = balanced_bounds(weights, stages)
+            key = "params" if method == "params" else "flops"
+            bounds = balanced_bounds([c[key] for c in layer_costs(cfg, batch_size)], stages)
     if len(bounds) > 1 and cfg.tie_embeddings:
         raise ValueError("tie_embeddings with more than one stage is not supported: the embedding "
                          "and the head share a weight but would live on different stages")
@@ -146,13 +145,10 @@ def _check_stages(cfg: ModelConfig, stages: int) -> None:
 
 def _check_bounds(cfg: ModelConfig, bounds: list[tuple[int, int]]) -> None:
     """Stages must be non-empty, contiguous, in order, and cover every layer exactly once."""
-    expected = 0
-    for a, b in bounds:
-        if a != expected or b <= a:
-            raise ValueError(f"bounds {bounds} are not contiguous non-empty ranges from 0")
-        expected = b
-    if expected != cfg.total_layers:
-        raise ValueError(f"bounds {bounds} do not end at the model's {cfg.total_layers} layers")
+    covered = [i for a, b in bounds for i in range(a, b)]
+    if any(b <= a for a, b in bounds) or covered != list(range(cfg.total_layers)):
+        raise ValueError(f"bounds {bounds} must be non-empty [start, stop) ranges covering layers "
+                         f"0..{cfg.total_layers - 1} in order, each exactly once")
 
 
 def uniform_bounds(n_layers: int, stages: int) -> list[tuple[int, int]]:

@@ -203,6 +203,12 @@ def test_partition_pickles() -> None:
     assert again.bounds == parts.bounds and again.layout == parts.layout and again.cfg == parts.cfg
 
 
+@pytest.mark.parametrize("bounds", [[], [(0, 3)], [(0, 3), (2, 6)], [(0, 3), (3, 3), (3, 6)], [(0, 7)]])
+def test_partition_rejects_bad_bounds(bounds) -> None:
+    with pytest.raises(ValueError, match="must be non-empty"):
+        pl.Partition(cfg(4), bounds, "custom")
+
+
 def test_uniform_bounds_direct() -> None:
     assert uniform_bounds(7, 3) == [(0, 3), (3, 5), (5, 7)]
 
