@@ -9,6 +9,7 @@ from .data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                    split_microbatches)
 from .train import evaluate, sample, train
 from .partition import Partition, measure_layer_times, partition
+from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
@@ -17,4 +18,5 @@ __all__ = [
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",
+    "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
 ]

@@ -1,0 +1,153 @@
+"""Command line: run a pipeline schedule for real and print what was measured.
+
+    python -m pipelab run --schedule 1f1b --ranks 2 --microbatches 8 --trace run.json
+    torchrun --nproc-per-node 2 -m pipelab run --schedule 1f1b --microbatches 8
+
+Without torchrun the ranks are a LocalCluster of spawned workers. Under torchrun (RANK and
+WORLD_SIZE set) every process joins the gloo group through env:// and runs its own rank
+directly; rank 0 gathers the reports and prints the same table. That is also the way to run on
+several machines.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+EPILOG = """\
+The table shows the makespan and bubble fraction measured (wall clock), replayed (the
+simulator fed each action's measured CPU time: what dedicated cores would show) and simulated
+(one mean cost per stage and kind); the loss and the largest relative gradient error against
+the unsplit model on the same batch; and the peak live activation bytes per rank.
+Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad arguments."""
+
+
+def _parser():
+    from . import SCHEDULES
+
+    parser = argparse.ArgumentParser(prog="python -m pipelab",
+                                     description="pipelab: pipeline parallelism, run for real.")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    run = commands.add_parser(
+        "run", help="run a schedule on real processes and print the measured summary",
+        description="Run a pipeline schedule on real processes (a LocalCluster, or the "
+                    "processes of torchrun) and print measured, replayed and simulated figures.",
+        epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add = run.add_argument
+    add("--schedule", default="1f1b", metavar="NAME",
+        help=f"schedule name, one of: {', '.join(SCHEDULES)} (default: 1f1b)")
+    add("--ranks", type=int, default=None, metavar="P",
+        help="pipeline ranks = worker processes (default: 2, or WORLD_SIZE under torchrun)")
+    add("--microbatches", type=int, default=8, metavar="M",
+        help="microbatches per training step (default: 8)")
+    add("--chunks", type=int, default=None, metavar="V",
+        help="stages per rank, for schedules that take it (e.g. interleaved ones)")
+    add("--layers", type=int, default=4, metavar="N",
+        help="transformer blocks of the toy GPT; the model also has an embedding and a head "
+             "(default: 4)")
+    add("--d-model", type=int, default=64, metavar="D", help="model width (default: 64)")
+    add("--heads", type=int, default=4, metavar="H", help="attention heads (default: 4)")
+    add("--seq-len", type=int, default=32, metavar="S", help="tokens per sequence (default: 32)")
+    add("--batch-size", type=int, default=None, metavar="B",
+        help="sequences per step, a multiple of --microbatches (default: 2 x microbatches)")
+    add("--partition", default="uniform", metavar="METHOD",
+        help="how layers are split into stages: uniform, params, cost, or a layout such as "
+             "'E|t*3|t*3|L' (default: uniform)")
+    add("--steps", type=int, default=1, metavar="K",
+        help="training steps with AdamW; the loss history is printed (default: 1)")
+    add("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
+    add("--seed", type=int, default=0, help="seed of the batches (default: 0)")
+    add("--model-seed", type=int, default=0, help="seed of the weights (default: 0)")
+    add("--timeout", type=float, default=30.0, metavar="SEC",
+        help="seconds a rank may make no progress before the run fails (default: 30)")
+    add("--trace", default=None, metavar="PATH",
+        help="write the measured timeline as a Chrome trace (open in ui.perfetto.dev)")
+    add("--no-pin", action="store_true", help="do not pin workers to cores")
+    add("--no-check", action="store_true",
+        help="skip the comparison with the unsplit model (loss and gradients)")
+    return parser, run
+
+
+def _build(args, ranks: int):
+    """Schedule, config and checked RunSpec from the arguments (ValueError when bad)."""
+    import pipelab as pl
+    from .runtime.spec import check_timeout, prepare_run
+
+    check_timeout(args.timeout)
+    options = {} if args.chunks is None else {"chunks": args.chunks}
+    sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
+    cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                         seq_len=args.seq_len, seed=args.model_seed)
+    spec = prepare_run(sched, ranks=ranks, model=cfg, partition=args.partition, seed=args.seed,
+                       batch_size=args.batch_size, steps=args.steps, lr=args.lr,
+                       check=not args.no_check)
+    return sched, cfg, spec
+
+
+def _report(result, args) -> None:
+    print(result.table())
+    if args.trace:
+        path = result.timeline.to_chrome_trace(args.trace)
+        print(f"wrote the measured timeline to {path} (Chrome trace: open in ui.perfetto.dev)")
+
+
+def _local(args, fail) -> int:
+    from .runtime import LocalCluster, PipelineTimeout, WorkerError
+
+    ranks = 2 if args.ranks is None else args.ranks
+    try:
+        sched, cfg, spec = _build(args, ranks)
+    except (ValueError, NotImplementedError) as err:
+        fail(err)
+    with LocalCluster(ranks, timeout=args.timeout, pin=not args.no_pin) as cluster:
+        try:
+            result = cluster.run(sched, model=cfg, partition=args.partition, seed=args.seed,
+                                 batch_size=args.batch_size, steps=args.steps, lr=args.lr,
+                                 check=not args.no_check)
+        except (PipelineTimeout, WorkerError) as err:
+            print(f"python -m pipelab run: the run failed: {err}", file=sys.stderr)
+            return 1
+    _report(result, args)
+    return 0
+
+
+def _torchrun(args, fail) -> int:
+    """One process of a torchrun job: run this rank; rank 0 gathers and reports."""
+    import torch.distributed as dist
+    from .runtime import assemble, run_rank
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if args.ranks is not None and args.ranks != world:
+        fail(f"--ranks {args.ranks} but torchrun started {world} processes "
+             f"(--nproc-per-node x nodes); drop --ranks or make them equal")
+    try:
+        _sched, _cfg, spec = _build(args, world)
+    except (ValueError, NotImplementedError) as err:
+        fail(err)
+    dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
+    try:
+        report = run_rank(spec, rank)
+        reports = [None] * world if rank == 0 else None
+        dist.gather_object(report, reports, dst=0)
+        if rank == 0:
+            _report(assemble(spec, reports), args)
+    finally:
+        dist.destroy_process_group()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser, run_parser = _parser()
+    args = parser.parse_args(argv)
+
+    def fail(err) -> None:
+        run_parser.error(str(err))            # prints usage and the message, exits with 2
+
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        return _torchrun(args, fail)
+    return _local(args, fail)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

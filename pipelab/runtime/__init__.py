@@ -1,0 +1,18 @@
+"""The multi-process runtime: worker pool, rank executor, point-to-point, stages, results.
+
+    pool.py      worker processes: spawn, pin, reap      worker.py    the worker's command loop
+    cluster.py   LocalCluster: run, wait, watchdog       executor.py  one rank's actions in order
+    spec.py      argument checks → RunSpec               handlers.py  what F, B, I, W compute
+    stage.py     a rank's stages and step state          p2p.py       sends and receives
+    meter.py     live activation bytes                   board.py     progress in shared memory
+    watchdog.py  explaining a stall                      result.py    RunResult, reference check
+"""
+from .cluster import LocalCluster
+from .errors import PipelineTimeout, WorkerError
+from .executor import run_rank
+from .handlers import HANDLERS, register_handler
+from .result import RunResult, assemble
+from .spec import RunSpec, prepare_run
+
+__all__ = ["LocalCluster", "PipelineTimeout", "WorkerError", "run_rank", "HANDLERS",
+           "register_handler", "RunResult", "assemble", "RunSpec", "prepare_run"]

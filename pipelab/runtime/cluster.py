@@ -1,0 +1,193 @@
+"""LocalCluster: a pool of pipeline ranks on this machine, kept alive between runs.
+
+    with pl.LocalCluster(ranks=2) as cluster:
+        res = cluster.run(pl.schedule("1f1b", ranks=2, microbatches=4), model=cfg)
+
+Starting the workers costs seconds (each imports torch and joins the gloo group); a warm
+`run` costs a fraction of a second, which is what lets a slider re-run a pipeline. A run never
+hangs: the caller waits with its own deadline (gloo's timeouts cannot be trusted to be short),
+watching a progress board the ranks write to; on a timeout, an exception in a worker, a dead
+worker or Ctrl-C, every worker is killed and reaped, and the next run starts fresh ones.
+"""
+from __future__ import annotations
+
+import atexit
+import time
+import weakref
+
+from ..schedules import comm_plan
+from .board import DONE
+from .errors import WorkerError
+from .pool import POLL, WorkerPool
+from .result import RunResult, assemble
+from .spec import check_timeout, prepare_run
+from .watchdog import diagnose
+
+_LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all() -> None:
+    for cluster in list(_LIVE):
+        cluster.close()
+
+
+class LocalCluster:
+    """`ranks` spawned worker processes, one thread each, pinned to cores when `pin`.
+
+    `timeout` is how long (seconds) any rank may go without progress before a run raises
+    `PipelineTimeout`; `run(timeout=...)` overrides it for one run. With `start=False` the
+    workers start at the first run.
+    """
+
+    def __init__(self, ranks: int, timeout: float = 30.0, pin: bool = True, start: bool = True):
+        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
+            raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
+        self.ranks = ranks
+        self.timeout = check_timeout(timeout)
+        self.pin = pin
+        self._pool: WorkerPool | None = None
+        self.starts = 0                    # how many times workers were (re)started
+        self.start_time = 0.0              # seconds the last start took
+        _LIVE.add(self)
+        if start:
+            self.start()
+
+    # --- lifecycle ------------------------------------------------------------------------------
+    def start(self) -> "LocalCluster":
+        """Start the workers unless they are running."""
+        if self._pool is not None and self._pool.alive():
+            return self
+        self._discard()
+        began = time.perf_counter()
+        self._pool = WorkerPool(self.ranks, pin=self.pin,
+                                group_timeout=max(600.0, 2 * self.timeout))
+        self.start_time = time.perf_counter() - began
+        self.starts += 1
+        return self
+
+    def close(self) -> None:
+        """Stop and reap every worker; the cluster can be started again by `run` or `start`."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.close()
+
+    def _discard(self) -> None:
+        """Kill and reap the workers after a failure (their gloo group is not to be trusted)."""
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            pool.kill()
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @property
+    def pids(self) -> list[int]:
+        """Process ids of the running workers (empty when stopped)."""
+        return list(self._pool.pids) if self._pool is not None else []
+
+    @property
+    def cores(self) -> list[int | None]:
+        """The core each worker is pinned to (None: not pinned)."""
+        return list(self._pool.cores) if self._pool is not None else []
+
+    def __repr__(self) -> str:
+        state = "running" if self._pool is not None and self._pool.alive() else "stopped"
+        return (f"LocalCluster(ranks={self.ranks}, {state}, pids={self.pids}, "
+                f"cores={self.cores}, timeout={self.timeout:g})")
+
+    # --- runs -----------------------------------------------------------------------------------
+    def run(self, schedule, model=None, partition=None, *, seed: int = 0,
+            batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
+            timeout: float | None = None, check: bool = True, progress: bool = True,
+            _inject: dict | None = None) -> RunResult:
+        """Run `schedule` on the workers and return what was measured.
+
+        model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
+        partition: a pl.Partition, a method ("uniform", "params", "cost"), a layout such as
+            "E|t*3|t*3|L", or a list of (start, stop) layer ranges; default uniform.
+        seed: seeds the batches (weights come from model.seed); every rank draws the same ones.
+        batch_size: rows per step, a multiple of the microbatch count (default 2 per microbatch).
+        steps, lr: train for `steps` AdamW steps; `loss_history` matches single-process training.
+        check: compare the first step's loss and gradients with the unsplit model.
+        _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"} or {"drop": "0F1"}.
+        """
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
+                           seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
+                           inject=_inject)
+        self.start()
+        began = time.perf_counter()
+        try:
+            reports = self._collect(spec, timeout, progress)
+        except BaseException:
+            self._discard()            # timeout, worker error, death or Ctrl-C: reap everyone
+            raise
+        return assemble(spec, reports, wall_time=time.perf_counter() - began)
+
+    def _collect(self, spec, timeout: float, progress: bool) -> list[dict]:
+        pool = self._pool
+        pool.board.reset()
+        pool.broadcast("run", spec)
+        bar = None
+        if progress and spec.steps > 1:
+            from tqdm.auto import tqdm   # here, not at import: workers never need IPython
+            bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
+        plan = None
+        reports: dict[int, dict] = {}
+        try:
+            while len(reports) < self.ranks:
+                waiting = [r for r in range(self.ranks) if r not in reports]
+                for rank, message in pool.receive(waiting, timeout=POLL):
+                    kind = message[0]
+                    if kind == "done":
+                        reports[rank] = message[2]
+                    elif kind == "step" and bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(loss=f"{message[3]:.3f}", refresh=False)
+                    elif kind == "error":
+                        raise self._worker_error(rank, message[2], spec)
+                self._check_deaths(spec)
+                states = pool.board.read()
+                now = time.perf_counter()
+                if any(s.state != DONE and now - s.since > timeout for s in states):
+                    plan = plan or comm_plan(spec.schedule)
+                    error = diagnose(states, spec.schedule, plan, timeout, now)
+                    if error is not None:
+                        raise error
+        finally:
+            if bar is not None:
+                bar.close()
+        return [reports[r] for r in range(self.ranks)]
+
+    def _where(self, rank: int, spec) -> str:
+        state = self._pool.board.read()[rank]
+        acts = spec.schedule.actions[rank]
+        if state.position < len(acts) and state.state != DONE:
+            return f" while running {acts[state.position]} (training step {state.step})"
+        return ""
+
+    def _worker_error(self, rank: int, text: str, spec) -> WorkerError:
+        state = self._pool.board.read()[rank]
+        acts = spec.schedule.actions[rank]
+        action = acts[state.position] if state.position < len(acts) else None
+        last = text.strip().splitlines()[-1] if text.strip() else "an exception"
+        return WorkerError(f"rank {rank} raised {last}{self._where(rank, spec)}.\n"
+                           f"Worker traceback:\n{text}", rank, action, traceback=text)
+
+    def _check_deaths(self, spec) -> None:
+        try:
+            self._pool.check_alive()
+        except WorkerError as err:
+            raise WorkerError(f"{err}{self._where(err.rank, spec)}; the other workers were "
+                              f"stopped and the next run starts fresh ones", err.rank,
+                              exitcode=err.exitcode) from None

@@ -1,0 +1,69 @@
+"""Live activation bytes, counted the way autograd holds them: tensors saved for backward.
+
+A `saved_tensors_hooks` pack hook sees every tensor a forward saves for its backward. We count
+each storage once (q, k and v are views of one qkv output), skip the parameters' storages
+(weights are not activations), and subtract when autograd lets go of the saved tensor, which
+happens as the backward that needs it runs. This reproduces the textbook curves (GPipe holds m
+microbatches of activations, 1F1B at most p − rank).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import torch
+
+
+class _Saved:
+    """What autograd stores instead of the tensor; its death releases the bytes."""
+    __slots__ = ("tensor", "meter", "key")
+
+    def __init__(self, meter: "ActivationMeter", tensor: torch.Tensor, key: int, nbytes: int):
+        self.tensor, self.meter, self.key = tensor, meter, key
+        meter._acquire(key, nbytes)
+
+    def __del__(self) -> None:
+        self.meter._release(self.key)
+
+
+class ActivationMeter:
+    """Use `with meter.saving():` around a forward; read `live` (bytes now) and `peak`."""
+
+    def __init__(self, parameters: Iterable[torch.Tensor] = ()):
+        self._exclude = {p.untyped_storage().data_ptr() for p in parameters}
+        self._refs: dict[int, list[int]] = {}        # storage address -> [saved count, bytes]
+        self.live = 0
+        self.peak = 0
+
+    def _acquire(self, key: int, nbytes: int) -> None:
+        entry = self._refs.get(key)
+        if entry is None:
+            self._refs[key] = [1, nbytes]
+            self.live += nbytes
+            self.peak = max(self.peak, self.live)
+        else:
+            entry[0] += 1
+
+    def _release(self, key: int) -> None:
+        entry = self._refs[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del self._refs[key]
+            self.live -= entry[1]
+
+    def _pack(self, tensor: torch.Tensor):
+        storage = tensor.untyped_storage()
+        key = storage.data_ptr()
+        if key in self._exclude or storage.nbytes() == 0:
+            return tensor
+        return _Saved(self, tensor, key, storage.nbytes())
+
+    @staticmethod
+    def _unpack(packed):
+        return packed.tensor if isinstance(packed, _Saved) else packed
+
+    def saving(self):
+        """Context manager: tensors saved for backward inside it are counted."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def reset_peak(self) -> None:
+        self.peak = self.live

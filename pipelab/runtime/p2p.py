@@ -1,0 +1,35 @@
+"""Point-to-point messages between ranks, one per `Transfer` of the communication plan.
+
+Gloo traps this module avoids (see PLATFORM.md): a non-contiguous send raises on the sender
+while the receiver hangs, so every send is made contiguous; and a gloo send completes only
+once the receiver has posted the matching receive, so the send handles are kept and waited
+at the end of the training step: waiting right after each send would make two ranks that
+send to each other deadlock.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..schedules import Transfer
+
+
+def recv(transfer: Transfer, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Block until `transfer` arrives; return it in a freshly allocated tensor of known shape."""
+    buffer = torch.empty(shape, dtype=dtype)
+    dist.recv(buffer, src=transfer.src, tag=transfer.tag)
+    return buffer
+
+
+def send(transfer: Transfer, tensor: torch.Tensor, pending: list) -> None:
+    """Post the send of `tensor` for `transfer`; its handle (and the tensor, which must stay
+    alive until the receiver has it) goes on `pending`."""
+    payload = tensor.detach().contiguous()
+    pending.append((dist.isend(payload, dst=transfer.dst, tag=transfer.tag), payload))
+
+
+def wait_all(pending: list) -> None:
+    """Wait for every posted send (they complete once the receivers have posted their recvs)."""
+    for handle, _payload in pending:
+        handle.wait()
+    pending.clear()

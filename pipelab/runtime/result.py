@@ -1,0 +1,178 @@
+"""RunResult: what a pipeline run measured, replayed and proved, assembled from the rank reports."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import torch
+
+from ..data import get_batch
+from ..model import ToyGPT
+from ..simulate import Costs, simulate
+from ..timeline import Event, Timeline
+from .spec import RunSpec
+
+
+@dataclass
+class RunResult:
+    """Timelines of the last training step; losses and gradient check of the first.
+
+    `timeline` is measured wall-clock time; `replay` re-runs the schedule in the simulator with
+    each action's measured CPU time (what p dedicated cores would show); `simulated` uses one
+    mean cost per stage and kind (the textbook model). The first step is the one compared with
+    the unsplit model, because every later step starts from weights that already went through
+    two different (equally valid) float orders.
+    """
+    spec: RunSpec
+    timeline: Timeline
+    replay: Timeline
+    simulated: Timeline
+    losses: list[float]                 # per microbatch of the first step (each a mean loss)
+    loss: float                         # their mean: the batch's mean loss
+    loss_history: list[float]           # the batch loss of every step
+    comm_latency: float                 # median measured one-way message latency, seconds
+    recv_wait: dict[int, float]         # seconds each rank spent blocked in receives
+    reference_loss: float | None = None
+    max_grad_error: float | None = None
+    grad_errors: dict[str, float] = field(default_factory=dict)
+    timelines: list[Timeline] = field(default_factory=list)   # measured, one per step
+    wall_time: float = 0.0              # seconds the caller waited for the run
+
+    @property
+    def schedule(self):
+        return self.spec.schedule
+
+    @property
+    def memory(self) -> dict[int, list[tuple[float, float]]]:
+        """Live activation bytes per rank over the last step: [(seconds, bytes)]."""
+        return self.timeline.memory
+
+    @property
+    def peak_activations(self) -> dict[int, float]:
+        return self.timeline.peak_activations()
+
+    def summary(self) -> dict:
+        return {"schedule": self.schedule.name, "ranks": self.schedule.ranks,
+                "microbatches": self.schedule.microbatches,
+                "makespan": {t.source: t.makespan for t in self._views()},
+                "bubble_fraction": {t.source: t.bubble_fraction() for t in self._views()},
+                "loss": self.loss, "reference_loss": self.reference_loss,
+                "max_grad_error": self.max_grad_error, "loss_history": self.loss_history,
+                "peak_activation_bytes": self.peak_activations, "recv_wait": self.recv_wait,
+                "comm_latency": self.comm_latency, "wall_time": self.wall_time}
+
+    def _views(self) -> list[Timeline]:
+        return [self.timeline, self.replay, self.simulated]
+
+    def table(self) -> str:
+        s, spec = self.schedule, self.spec
+        stages = " ".join(f"[{a},{b})" for a, b in spec.bounds)
+        lines = [f"{s.name}: {s.ranks} ranks, {s.microbatches} microbatches, stages {stages} "
+                 f"({spec.partition_name}), batch {spec.batch_size} "
+                 f"({spec.rows_per_microbatch} rows per microbatch), {spec.steps} step(s)",
+                 f"{'':22}{'measured':>11}{'replayed':>11}{'simulated':>11}",
+                 f"{'makespan (ms)':22}" + "".join(f"{t.makespan * 1e3:11.2f}" for t in self._views()),
+                 f"{'bubble fraction':22}" + "".join(f"{t.bubble_fraction():11.3f}" for t in self._views())]
+        if self.reference_loss is not None:
+            rel = abs(self.loss - self.reference_loss) / max(abs(self.reference_loss), 1e-12)
+            lines.append(f"loss {self.loss:.6f}  reference {self.reference_loss:.6f}  "
+                         f"(relative difference {rel:.1e})")
+            lines.append(f"max grad error {self.max_grad_error:.1e} (relative, vs the unsplit model)")
+        else:
+            lines.append(f"loss {self.loss:.6f} (no reference check)")
+        if len(self.loss_history) > 1:
+            lines.append(f"loss history {self.loss_history[0]:.4f} -> {self.loss_history[-1]:.4f}")
+        ranks = range(s.ranks)
+        lines.append(f"{'rank':22}" + "".join(f"{r:>11}" for r in ranks))
+        lines.append(f"{'peak activations (MiB)':22}" +
+                     "".join(f"{self.peak_activations[r] / 2**20:11.3f}" for r in ranks))
+        busy = self.timeline.busy()
+        lines.append(f"{'busy (ms)':22}" + "".join(f"{busy[r] * 1e3:11.2f}" for r in ranks))
+        lines.append(f"{'waiting in recv (ms)':22}" +
+                     "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
+        lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
+                     f"caller waited {self.wall_time:.3f} s")
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return self.table()
+
+
+def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
+    t0 = min(rep["steps"][k]["begin"] for rep in reports)
+    events, memory = [], {}
+    for rep in reports:
+        step = rep["steps"][k]
+        events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
+                   for _i, a, _w, start, end, cpu, _mem in step["actions"]]
+        memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
+    return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
+                    memory_unit="bytes", title=f"{spec.schedule.name} (measured)")
+
+
+def _latency(reports: list[dict], k: int) -> float:
+    """Median time from a producer's end to the arrival at a receiver that was already waiting."""
+    ended = {a: end for rep in reports for _i, a, _w, _s, end, _c, _m in rep["steps"][k]["actions"]}
+    waited, all_ = [], []
+    for rep in reports:
+        for producer, _consumer, _src, t_wait, t_arrive in rep["steps"][k]["recvs"]:
+            latency = t_arrive - max(t_wait, ended[producer])
+            all_.append(max(latency, 0.0))
+            if t_wait < ended[producer]:
+                waited.append(max(latency, 0.0))
+    pool = waited or all_
+    return statistics.median(pool) if pool else 0.0
+
+
+def _cost_model(spec: RunSpec, cpu: dict, comm: float) -> Costs:
+    """One mean cost per stage and kind (B split evenly into I and W when not measured apart)."""
+    by = {}
+    for a, seconds in cpu.items():
+        by.setdefault((a.kind, a.stage), []).append(seconds)
+    mean = {key: statistics.fmean(v) for key, v in by.items()}
+    stages = range(spec.schedule.stages)
+    F = [mean.get(("F", s), 0.0) for s in stages]
+    I = [mean.get(("I", s), mean.get(("B", s), 0.0) / 2) for s in stages]
+    W = [mean.get(("W", s), mean.get(("B", s), 0.0) / 2) for s in stages]
+    return Costs(F=F, I=I, W=W, comm=comm, unit="s")
+
+
+def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[float, float, dict]:
+    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error."""
+    model = ToyGPT(spec.cfg)
+    inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len,
+                                generator=torch.Generator().manual_seed(spec.seed))
+    loss = model.loss(inputs, targets)
+    loss.backward()
+    errors = {}
+    for name, p in model.named_parameters():
+        ref = p.grad if p.grad is not None else torch.zeros_like(p)
+        got = grads.get(name)
+        if got is None:
+            raise RuntimeError(f"no rank returned a gradient for {name}")
+        errors[name] = ((got - ref).abs().max() / max(ref.abs().max().item(), 1e-12)).item()
+    return loss.item(), max(errors.values()), errors
+
+
+def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
+    """Build the RunResult from every rank's report (sorted by rank)."""
+    reports = sorted(reports, key=lambda rep: rep["rank"])
+    sched, last = spec.schedule, len(reports[0]["steps"]) - 1
+    loss_rank = reports[sched.rank_of(sched.stages - 1)]
+    history = [sum(step["losses"].values()) / sched.microbatches for step in loss_rank["steps"]]
+    first = loss_rank["steps"][0]["losses"]
+    timelines = [_measured(spec, reports, k) for k in range(last + 1)]
+    cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
+    comm = _latency(reports, last)
+    replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed")
+    modelled = simulate(sched, _cost_model(spec, cpu, comm), source="simulated")
+    wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
+            for rep in reports}
+    result = RunResult(spec, timelines[-1], replay, modelled,
+                       losses=[first[mb] for mb in range(sched.microbatches)],
+                       loss=history[0], loss_history=history, comm_latency=comm,
+                       recv_wait=wait, timelines=timelines, wall_time=wall_time)
+    if spec.check:
+        grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
+        result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)
+    return result

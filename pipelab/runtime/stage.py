@@ -1,0 +1,81 @@
+"""The stages one rank owns, and what a training step keeps between its actions.
+
+Stage s is layers `bounds[s]` of the flat list, built with `build_layers`, so its weights are
+exactly those of the same layers in the unsplit `ToyGPT(cfg)`. Every stage input that came from
+another stage is a fresh leaf tensor with `requires_grad`, which is what lets a stage's backward
+hand the gradient of its input to the previous stage.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ..data import split_microbatches
+from ..model import ModelConfig, build_layers
+from ..schedules import Action
+
+
+def build_stage(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
+    """Layers [start, stop); ties the head to the embedding when one stage holds both."""
+    module = build_layers(cfg, start, stop)
+    if cfg.tie_embeddings and start == 0 and stop == cfg.total_layers:
+        module[-1].out.weight = module[0].tok.weight
+    return module
+
+
+class RankStages:
+    """The modules of the stages placed on one rank, named as in the unsplit model."""
+
+    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
+        self.bounds = bounds
+        self.modules = {s: build_stage(cfg, *bounds[s]) for s in stages}
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for module in self.modules.values() for p in module.parameters()]
+
+    def named_parameters(self):
+        """(name in ToyGPT, parameter): local layer j of stage s is `layers.{start + j}`."""
+        for s, module in self.modules.items():
+            start = self.bounds[s][0]
+            for name, p in module.named_parameters():
+                local, rest = name.split(".", 1)
+                yield f"layers.{start + int(local)}.{rest}", p
+
+    def zero_grad(self) -> None:
+        for module in self.modules.values():
+            module.zero_grad(set_to_none=True)
+
+    def gradients(self) -> dict[str, torch.Tensor]:
+        return {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                for name, p in self.named_parameters()}
+
+
+class StepState:
+    """One training step on one rank: its microbatches and what backward still needs."""
+
+    def __init__(self, schedule, stages: RankStages, inputs: torch.Tensor,
+                 targets: torch.Tensor, meter):
+        self.schedule = schedule
+        self.stages = stages
+        self.m = schedule.microbatches
+        self.microbatches = split_microbatches(inputs, targets, self.m)
+        self.last_stage = schedule.stages - 1
+        self.meter = meter
+        self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (s, mb) -> (in, out)
+        self.output_grads: dict[tuple[int, int], torch.Tensor | None] = {}       # kept from I for W
+        self.received: dict[Action, torch.Tensor] = {}    # messages for the current action
+        self.local: dict[Action, torch.Tensor] = {}       # outputs consumed by a stage on this rank
+        self.losses: dict[int, float] = {}                # per microbatch, unscaled
+
+    def module(self, stage: int) -> nn.Sequential:
+        return self.stages.modules[stage]
+
+    def grad_producer(self, stage: int, mb: int) -> Action:
+        """The action whose output is the gradient of `stage`'s input (its B, or its I)."""
+        return self.schedule.input_grad_action(stage, mb)
+
+    def take(self, producer: Action) -> torch.Tensor:
+        """The output of `producer`: received from another rank, or left here by a local stage."""
+        if producer in self.received:
+            return self.received.pop(producer)
+        return self.local.pop(producer)

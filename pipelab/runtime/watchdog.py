@@ -1,0 +1,78 @@
+"""Turn a stalled progress board into an explanation: who is stuck, where, waiting for what.
+
+A rank blocked in a receive is usually a victim: follow what it waits for (the sending rank)
+until reaching a rank that is not waiting for a message (it is computing, or it already sent
+what was asked and the message was lost). That rank, or the oldest waiter of a cycle of waits,
+is the one named.
+"""
+from __future__ import annotations
+
+from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, RankState
+from .errors import PipelineTimeout
+
+
+def _transfer(state: RankState, plan):
+    return plan[state.rank][state.position].recv[state.detail]
+
+
+def _already_ran(sender: RankState, producer, plan, step: int) -> bool:
+    index = next(i for i, s in enumerate(plan[sender.rank]) if s.action == producer)
+    return sender.step > step or sender.state in (SENDS, DONE) or \
+        (sender.step == step and sender.position > index)
+
+
+def describe(state: RankState, plan, now: float) -> str:
+    """One line saying what a rank is doing and for how long."""
+    r, dt, acts = state.rank, now - state.since, plan[state.rank]
+    if state.state == RECV:
+        t = _transfer(state, plan)
+        return (f"rank {r} waits in {acts[state.position].action} (its step {state.position}) "
+                f"for the {t.what} {t.producer}->{t.consumer} from rank {t.src}, for {dt:.1f} s")
+    if state.state == RUN:
+        return (f"rank {r} is running {acts[state.position].action} (its step {state.position}) "
+                f"for {dt:.1f} s: computing, not waiting for a message")
+    text = {SETUP: "is building its stages", SENDS: "has run all its actions and waits for "
+            "its last sends to be received", SYNC: "waits at the barrier that starts the "
+            "training step", OPTIM: "is in the optimizer step", DONE: "has finished"}
+    return f"rank {r} {text.get(state.state, 'is in an unknown state')} ({dt:.1f} s)"
+
+
+def diagnose(states: list[RankState], schedule, plan, timeout: float,
+             now: float) -> PipelineTimeout | None:
+    """A PipelineTimeout if some rank has not moved for more than `timeout` seconds."""
+    stuck = [s for s in states if s.state != DONE and now - s.since > timeout]
+    if not stuck:
+        return None
+    start = min(stuck, key=lambda s: s.since)
+    chain, culprit, lost = [], start, None
+    while culprit.state == RECV and culprit.rank not in chain:
+        chain.append(culprit.rank)
+        transfer = _transfer(culprit, plan)
+        sender = states[transfer.src]
+        if _already_ran(sender, transfer.producer, plan, culprit.step):
+            lost = transfer           # it was produced: the message itself never arrived
+            break
+        culprit = sender
+    if culprit.rank in chain and lost is None:
+        culprit = start               # a cycle of waits: name the rank that has waited longest
+    action = schedule.actions[culprit.rank][culprit.position] \
+        if culprit.position < len(schedule.actions[culprit.rank]) else None
+    transfer = _transfer(culprit, plan) if culprit.state == RECV else None
+    waited = now - culprit.since
+    lines = [describe(s, plan, now) for s in states]
+    head = (f"pipeline timed out: rank {culprit.rank} made no progress for {waited:.1f} s "
+            f"(timeout {timeout:g} s) in {action if action is not None else 'its step'}")
+    if transfer is not None:
+        head += f", waiting for the {transfer.what} {transfer.producer}->{transfer.consumer} " \
+                f"from rank {transfer.src}"
+    elif culprit.state == RUN:
+        head += " while computing (not waiting for any message)"
+    if lost is not None:
+        head += f"; rank {lost.src} already ran {lost.producer}, so its message was lost"
+    marks = [(s.rank, s.position) for s in states
+             if s.state in (RECV, RUN) and s.position < len(schedule.actions[s.rank])]
+    grid = schedule.grid(mark=marks, window=6 if len(schedule) > 400 else None)
+    message = "\n".join([head + ".", f"In training step {culprit.step}:"] +
+                        [f"  {line}" for line in lines] +
+                        ["The workers were stopped; the next run starts fresh ones.", "", grid])
+    return PipelineTimeout(message, culprit.rank, action, transfer, waited, lines)

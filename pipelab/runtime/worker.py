@@ -1,0 +1,101 @@
+"""The worker process: join the gloo group once, then run commands until told to stop.
+
+Lives in the installed package so the spawn start method can import it from a notebook kernel
+(a function defined in a cell cannot be spawned). Messages are pickled by value
+(`send_bytes(pickle.dumps(...))`), which sidesteps torch.multiprocessing's shared-memory
+tensor sharing: results are small and this keeps file descriptors out of the picture.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import pickle
+import signal
+import traceback
+from datetime import timedelta
+
+
+def _die_with_parent() -> None:
+    # If the parent is killed outright, take the worker down too (Linux only; best effort).
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)   # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _pin(core: int | None) -> int | None:
+    if core is None or not hasattr(os, "sched_setaffinity"):
+        return None
+    try:
+        os.sched_setaffinity(0, {core})
+        return core
+    except OSError:
+        return None
+
+
+def _warm_up() -> None:
+    """A tiny forward and backward through every code path the handlers use, so the first real
+    action does not pay one-time costs (the first non-scalar backward of a process takes
+    ~0.3 s) and distort the first measured timeline."""
+    import torch
+    from ..model import ModelConfig, ToyGPT, loss_fn
+    from .meter import ActivationMeter
+
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=4)
+    model = ToyGPT(cfg)
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    meter = ActivationMeter(model.parameters())
+    with meter.saving():
+        hidden = model.layers[0](idx)
+        inner = hidden.detach().requires_grad_()
+        middle = model.layers[1](inner)
+        loss = loss_fn(model.layers[2](middle.detach().requires_grad_()), idx)
+    torch.autograd.backward(loss)
+    grad = torch.ones_like(middle)
+    torch.autograd.grad(middle, [inner], grad, retain_graph=True)
+    torch.autograd.backward(middle, grad, inputs=list(model.layers[1].parameters()))
+    torch.autograd.backward(hidden, torch.ones_like(hidden))
+
+
+def worker_main(rank: int, world: int, port: int, conn, board_array, core: int | None,
+                group_timeout: float) -> None:
+    """Entry point of one worker (rank `rank` of `world`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    pinned = _pin(core)
+
+    def reply(*message) -> None:
+        conn.send_bytes(pickle.dumps(message))
+
+    try:
+        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                                world_size=world, timeout=timedelta(seconds=group_timeout))
+        from .board import Board
+        from .executor import run_rank
+        board = Board(board_array, world)
+        _warm_up()
+    except BaseException:
+        reply("error", rank, traceback.format_exc())
+        return
+    reply("ready", rank, os.getpid(), pinned)
+    while True:
+        try:
+            command, payload = pickle.loads(conn.recv_bytes())
+        except (EOFError, OSError):                   # the parent went away
+            break
+        if command == "close":
+            break
+        try:
+            report = run_rank(payload, rank, board,
+                              notify=lambda step, loss: reply("step", rank, step, loss))
+            reply("done", rank, report)
+        except BaseException:
+            reply("error", rank, traceback.format_exc())
+    conn.close()
+    # No destroy_process_group: peers may already be gone, and exiting closes the sockets.
+    os._exit(0)
