@@ -115,7 +115,10 @@ def _local(args, fail) -> int:
 def _torchrun(args, fail) -> int:
     """One process of a torchrun job: run this rank; rank 0 gathers and reports."""
     import torch.distributed as dist
+    import time
+
     from .runtime import assemble, run_rank
+    from .runtime.executor import warm_up
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     if args.ranks is not None and args.ranks != world:
@@ -127,11 +130,13 @@ def _torchrun(args, fail) -> int:
         fail(err)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))
     try:
+        warm_up()
+        began = time.perf_counter()
         report = run_rank(spec, rank)
         reports = [None] * world if rank == 0 else None
         dist.gather_object(report, reports, dst=0)
         if rank == 0:
-            _report(assemble(spec, reports), args)
+            _report(assemble(spec, reports, wall_time=time.perf_counter() - began), args)
     finally:
         dist.destroy_process_group()
     return 0

@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import get_batch
+from ..model import ModelConfig, ToyGPT, loss_fn
 from ..schedules import comm_plan
 from ..schedules.comm import consumers
 from . import p2p
@@ -61,6 +62,26 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
             optimizer.step()
     board.set(rank, spec.steps - 1, len(plan), DONE)
     return report
+
+
+def warm_up() -> None:
+    """A tiny forward and backward through every code path the handlers use, so the first real
+    action does not pay one-time costs (the first non-scalar backward of a process takes
+    ~0.3 s) and distort the first measured timeline."""
+    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=4)
+    model = ToyGPT(cfg)
+    idx = torch.zeros(1, 4, dtype=torch.long)
+    meter = ActivationMeter(model.parameters())
+    with meter.saving():
+        hidden = model.layers[0](idx)
+        inner = hidden.detach().requires_grad_()
+        middle = model.layers[1](inner)
+        loss = loss_fn(model.layers[2](middle.detach().requires_grad_()), idx)
+    torch.autograd.backward(loss)
+    grad = torch.ones_like(middle)
+    torch.autograd.grad(middle, [inner], grad, retain_graph=True)
+    torch.autograd.backward(middle, grad, inputs=list(model.layers[1].parameters()))
+    torch.autograd.backward(hidden, torch.ones_like(hidden))
 
 
 def _stall(action) -> None:

@@ -55,7 +55,9 @@ class ActivationMeter:
         key = storage.data_ptr()
         if key in self._exclude or storage.nbytes() == 0:
             return tensor
-        return _Saved(self, tensor, key, storage.nbytes())
+        # Keep a detached alias: holding the tensor itself would make a reference cycle
+        # (output -> grad_fn -> saved -> output) that leaks when no backward ever runs.
+        return _Saved(self, tensor.detach(), key, storage.nbytes())
 
     @staticmethod
     def _unpack(packed):

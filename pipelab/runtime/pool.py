@@ -77,7 +77,7 @@ class WorkerPool:
             self.check_alive()
             if time.monotonic() > deadline:
                 raise WorkerError(f"ranks {sorted(waiting)} did not start within "
-                                  f"{start_timeout:.0f} s")
+                                  f"{start_timeout:g} s")
 
     # --- messages -------------------------------------------------------------------------------
     def send(self, rank: int, command: str, payload=None) -> None:

@@ -58,7 +58,10 @@ class StepState:
         self.schedule = schedule
         self.stages = stages
         self.m = schedule.microbatches
-        self.microbatches = split_microbatches(inputs, targets, self.m)
+        # Each microbatch gets its own storage, as on a real pipeline: the activation meter
+        # counts storages, and views of one batch tensor would all count as the first one.
+        self.microbatches = [(x.clone(), y.clone())
+                             for x, y in split_microbatches(inputs, targets, self.m)]
         self.last_stage = schedule.stages - 1
         self.meter = meter
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (s, mb) -> (in, out)

@@ -33,30 +33,6 @@ def _pin(core: int | None) -> int | None:
         return None
 
 
-def _warm_up() -> None:
-    """A tiny forward and backward through every code path the handlers use, so the first real
-    action does not pay one-time costs (the first non-scalar backward of a process takes
-    ~0.3 s) and distort the first measured timeline."""
-    import torch
-    from ..model import ModelConfig, ToyGPT, loss_fn
-    from .meter import ActivationMeter
-
-    cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=4)
-    model = ToyGPT(cfg)
-    idx = torch.zeros(1, 4, dtype=torch.long)
-    meter = ActivationMeter(model.parameters())
-    with meter.saving():
-        hidden = model.layers[0](idx)
-        inner = hidden.detach().requires_grad_()
-        middle = model.layers[1](inner)
-        loss = loss_fn(model.layers[2](middle.detach().requires_grad_()), idx)
-    torch.autograd.backward(loss)
-    grad = torch.ones_like(middle)
-    torch.autograd.grad(middle, [inner], grad, retain_graph=True)
-    torch.autograd.backward(middle, grad, inputs=list(model.layers[1].parameters()))
-    torch.autograd.backward(hidden, torch.ones_like(hidden))
-
-
 def worker_main(rank: int, world: int, port: int, conn, board_array, core: int | None,
                 group_timeout: float) -> None:
     """Entry point of one worker (rank `rank` of `world`)."""
@@ -76,9 +52,9 @@ def worker_main(rank: int, world: int, port: int, conn, board_array, core: int |
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=group_timeout))
         from .board import Board
-        from .executor import run_rank
+        from .executor import run_rank, warm_up
         board = Board(board_array, world)
-        _warm_up()
+        warm_up()
     except BaseException:
         reply("error", rank, traceback.format_exc())
         return

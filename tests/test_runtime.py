@@ -1,0 +1,182 @@
+"""The multi-process runtime computes what the unsplit model computes, and measures it honestly.
+
+One LocalCluster per rank count, shared by the module (starting workers costs seconds).
+"""
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+import torch
+
+import pipelab as pl
+
+CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)   # 6 layers in all
+
+
+@pytest.fixture(scope="module")
+def clusters():
+    made: dict[int, pl.LocalCluster] = {}
+
+    def get(ranks: int) -> pl.LocalCluster:
+        if ranks not in made:
+            made[ranks] = pl.LocalCluster(ranks, timeout=60)
+        return made[ranks]
+
+    yield get
+    for cluster in made.values():
+        cluster.close()
+
+
+def assert_exact(res: pl.RunResult) -> None:
+    assert res.max_grad_error <= 1e-5, res.grad_errors
+    assert res.loss == pytest.approx(res.reference_loss, rel=1e-6)
+    assert len(res.grad_errors) == len(list(pl.ToyGPT(res.spec.cfg).parameters()))
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(2, 4), (3, 6), (4, 8)])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_gradients_match_the_unsplit_model(clusters, name, ranks, microbatches):
+    sched = pl.schedule(name, ranks=ranks, microbatches=microbatches)
+    res = clusters(ranks).run(sched, model=CFG, seed=3)
+    assert_exact(res)
+    assert len(res.losses) == microbatches
+    assert res.loss == pytest.approx(sum(res.losses) / microbatches, rel=1e-9)
+
+
+@pytest.mark.parametrize("bounds", [[(0, 5), (5, 6)], [(0, 1), (1, 6)]])
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_uneven_partitions_two_ranks(clusters, name, bounds):
+    res = clusters(2).run(pl.schedule(name, ranks=2, microbatches=4), model=CFG, partition=bounds)
+    assert res.spec.bounds == bounds
+    assert_exact(res)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_uneven_partitions_three_ranks(clusters, name):
+    bounds = [(0, 1), (1, 5), (5, 6)]
+    res = clusters(3).run(pl.schedule(name, ranks=3, microbatches=6), model=CFG,
+                          partition=pl.Partition(CFG, bounds, "custom"))
+    assert_exact(res)
+    by_method = clusters(3).run(pl.schedule(name, ranks=3, microbatches=3), model=CFG,
+                                partition="params")
+    assert by_method.spec.bounds == pl.partition(CFG, 3, "params").bounds
+    assert_exact(by_method)
+
+
+def test_split_backward_and_two_stages_per_rank(clusters):
+    """I/W kinds and stages handed over in memory on one rank are exact too."""
+    m = 4
+    rows = [" ".join([f"{s}F{i}" for i in range(m)] + [f"{s}{k}{i}" for i in range(m) for k in "IW"])
+            for s in range(2)]
+    split = pl.Schedule.from_text("\n".join(rows), microbatches=m)
+    looped = pl.Schedule.from_text(
+        "\n".join(" ".join([f"{a}F{i}" for i in range(m)] + [f"{b}F{i}" for i in range(m)] +
+                           [f"{b}B{i}" for i in range(m)] + [f"{a}B{i}" for i in range(m)])
+                  for a, b in ((0, 2), (1, 3))), placement=[0, 1, 0, 1], microbatches=m)
+    for sched in (split, looped):
+        assert_exact(clusters(2).run(sched, model=pl.ModelConfig(n_layers=6, d_model=32,
+                                                                 n_heads=4, seq_len=16)))
+
+
+def test_training_equals_single_process(clusters):
+    steps, batch = 4, 8
+    res = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=4), model=CFG, steps=steps,
+                          batch_size=batch, lr=1e-2, seed=5, progress=False)
+    single = pl.train(CFG, steps=steps, batch_size=batch, lr=1e-2, seed=5, progress=False)
+    assert len(res.loss_history) == steps
+    assert res.loss_history == pytest.approx(single, rel=1e-5)
+    assert res.loss_history[-1] < res.loss_history[0]          # it actually trained
+    assert len(res.timelines) == steps and res.timeline is res.timelines[-1]
+
+
+def test_timeline_is_measured_and_replayed(clusters):
+    sched = pl.schedule("1f1b", ranks=2, microbatches=4)
+    res = clusters(2).run(sched, model=CFG)
+    tl = res.timeline
+    assert tl.source == "measured" and tl.memory_unit == "bytes"
+    assert res.replay.source == "replayed" and res.simulated.source == "simulated"
+    for rank in range(2):
+        events = tl.events_of(rank)
+        assert [e.action for e in events] == sched.actions[rank]   # in schedule order
+        for e, nxt in zip(events, events[1:]):
+            assert 0 <= e.start <= e.end <= nxt.start
+            assert e.cpu is not None and 0 <= e.cpu <= e.duration * 1.5 + 1e-3
+    # A forward on stage 1 starts after the forward on stage 0 that feeds it ended.
+    end = {e.action: e.end for e in tl.events}
+    for e in tl.events:
+        for dep in sched.dependencies(e.action):
+            assert e.start >= end[dep]
+    assert res.replay.makespan > 0 and res.comm_latency >= 0
+    assert set(res.recv_wait) == {0, 1}
+
+
+def _units(res: pl.RunResult, rank: int) -> float:
+    """Peak live bytes over the bytes one microbatch leaves alive after one forward."""
+    curve = res.memory[rank]
+    first_forward = next(e for e in res.timeline.events_of(rank) if e.action.kind == "F")
+    one = next(level for t, level in curve if t >= first_forward.end - 1e-12)
+    return res.peak_activations[rank] / one
+
+
+def test_activation_memory_follows_the_textbook(clusters):
+    p, m = 4, 8
+    gpipe = clusters(p).run(pl.schedule("gpipe", ranks=p, microbatches=m), model=CFG)
+    ofob = clusters(p).run(pl.schedule("1f1b", ranks=p, microbatches=m), model=CFG)
+    for rank in range(p):
+        assert _units(gpipe, rank) == pytest.approx(m)
+        assert _units(ofob, rank) == pytest.approx(min(p - rank, m))
+        assert gpipe.memory[rank][-1][1] == 0          # everything freed by the last backward
+
+
+def test_result_prints_a_table(clusters):
+    res = clusters(2).run(pl.schedule("gpipe", ranks=2, microbatches=2), model=CFG)
+    text = repr(res)
+    for needle in ("measured", "replayed", "simulated", "makespan", "bubble fraction",
+                   "max grad error", "peak activations", "reference"):
+        assert needle in text
+    summary = res.summary()
+    assert summary["makespan"]["measured"] == res.timeline.makespan
+    assert math.isfinite(summary["loss"])
+
+
+def test_check_false_skips_the_reference(clusters):
+    res = clusters(2).run(pl.schedule("gpipe", ranks=2, microbatches=2), model=CFG, check=False)
+    assert res.reference_loss is None and res.max_grad_error is None
+    assert "no reference check" in repr(res)
+
+
+def test_warm_rerun_is_well_under_a_second(clusters):
+    cluster = clusters(2)
+    sched = pl.schedule("1f1b", ranks=2, microbatches=4)
+    cluster.run(sched, model=CFG)
+    times = []
+    for _ in range(3):
+        began = time.perf_counter()
+        cluster.run(sched, model=CFG)
+        times.append(time.perf_counter() - began)
+    assert sorted(times)[1] < 1.0, times
+
+
+def test_meter_counts_saved_activations_and_frees_them():
+    from pipelab.runtime.meter import ActivationMeter
+
+    layer = pl.build_layers(CFG, 1, 2)
+    x = torch.randn(2, CFG.seq_len, CFG.d_model, requires_grad=True)
+    meter = ActivationMeter(layer.parameters())
+    with meter.saving():
+        out = layer(x)
+    held = meter.live
+    assert held >= x.numel() * 4              # at least the block's input is kept
+    counting_weights = ActivationMeter()      # the same forward, weights not excluded
+    with counting_weights.saving():
+        kept = layer(x)                       # keep the graph, or its saved tensors die at once
+    # Autograd keeps every parameter but the Linear biases (addmm does not need them back).
+    weights = sum(p.numel() * 4 for name, p in layer.named_parameters()
+                  if not (name.endswith("bias") and ".ln" not in name))
+    assert counting_weights.live - held == weights
+    out.sum().backward()
+    del kept
+    assert counting_weights.live == 0
+    assert meter.live == 0 and meter.peak == held
