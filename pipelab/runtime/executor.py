@@ -96,14 +96,18 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, keep_local, state: StepSta
     actions, recvs, pending = [], [], []
     begin = clock()
     memory = [(begin, state.meter.live)]
+    posted = [p2p.post_recv(t, shape) for t in plan[0].recv] if plan else []
     for i, step in enumerate(plan):
         a = step.action
         waited_from = clock()
-        for j, transfer in enumerate(step.recv):
+        for j, (transfer, (handle, buffer)) in enumerate(zip(step.recv, posted)):
             board.set(rank, k, i, RECV, j)
             t = clock()
-            state.received[transfer.producer] = p2p.recv(transfer, shape)
+            handle.wait()
+            state.received[transfer.producer] = buffer
             recvs.append((transfer.producer, a, transfer.src, t, clock()))
+        # Post the next step's receives before computing: never blocks, hides the transfer.
+        posted = [p2p.post_recv(t, shape) for t in plan[i + 1].recv] if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         cpu0, start = cpu_clock(), clock()
         if a == stall:

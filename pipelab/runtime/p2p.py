@@ -4,7 +4,8 @@ Gloo traps this module avoids (see PLATFORM.md): a non-contiguous send raises on
 while the receiver hangs, so every send is made contiguous; and a gloo send completes only
 once the receiver has posted the matching receive, so the send handles are kept and waited
 at the end of the training step: waiting right after each send would make two ranks that
-send to each other deadlock.
+send to each other deadlock. For the same reason receives are posted one step ahead: the
+data then moves while the receiver computes instead of after it asks.
 """
 from __future__ import annotations
 
@@ -14,11 +15,14 @@ import torch.distributed as dist
 from ..schedules import Transfer
 
 
-def recv(transfer: Transfer, shape: tuple[int, ...], dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """Block until `transfer` arrives; return it in a freshly allocated tensor of known shape."""
+def post_recv(transfer: Transfer, shape: tuple[int, ...], dtype: torch.dtype = torch.float32):
+    """Post the receive of `transfer` into a freshly allocated tensor of known shape.
+
+    Returns (handle, tensor): wait on the handle before reading the tensor. Posting early lets
+    gloo move the data while this rank is still computing.
+    """
     buffer = torch.empty(shape, dtype=dtype)
-    dist.recv(buffer, src=transfer.src, tag=transfer.tag)
-    return buffer
+    return dist.irecv(buffer, src=transfer.src, tag=transfer.tag), buffer
 
 
 def send(transfer: Transfer, tensor: torch.Tensor, pending: list) -> None:
