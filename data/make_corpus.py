@@ -3,7 +3,7 @@
 No downloads: every line comes from a procedural grammar driven by `random.Random(SEED)`, so
 running this script again gives the same bytes (checked by tests/test_data.py).
 
-Four kinds of line, mixed at random:
+Five kinds of line, mixed at random:
 
     the small cat chases a red ball.       sentences with subject-verb agreement
     the dogs sleep under the old tree.     (plural subject -> plural verb)

@@ -1,0 +1,37 @@
+# Two commands: `make lab` opens the workbook, `make test` runs everything CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.pipelab-installed
+PORT ?= 8888
+LAB_ARGS ?=
+ALLOW_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+.PHONY: lab test unit notebooks clean-venv
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall only when the requirement files change.
+$(STAMP): requirements.txt pyproject.toml | $(BIN)/python
+	$(BIN)/python -m pip install --disable-pip-version-check -q -r requirements.txt -e .
+	touch $@
+
+lab: $(STAMP)
+	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks \
+		$(ALLOW_ROOT) $(LAB_ARGS)
+
+test: unit notebooks
+
+# Unit, multi-process and browser tests.
+unit: $(STAMP)
+	PIPELAB_CI=1 $(BIN)/pytest tests
+
+# Every notebook top to bottom, serially (nbval -n 2 would split a notebook across workers).
+notebooks: $(STAMP)
+	PIPELAB_CI=1 $(BIN)/pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=120 \
+		-p no:cacheprovider notebooks/
+
+clean-venv:
+	rm -rf $(VENV)

@@ -1,0 +1,138 @@
+"""Notebook helpers: the toy model's layer table and the interactive training widget.
+
+ipywidgets and matplotlib are imported here only, so pipeline workers never load them.
+"""
+from __future__ import annotations
+
+import time
+
+import matplotlib.pyplot as plt
+
+from .model import ModelConfig, ToyGPT, layer_costs
+from .train import train
+
+
+def _si(value: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.2f} {unit}"
+    return f"{value:.0f}"
+
+
+def layer_table(cfg: ModelConfig, batch_size: int = 1) -> str:
+    """The flat layer list as text: parameters and forward FLOPs per layer, with shares."""
+    rows = layer_costs(cfg, batch_size)
+    total_params = sum(r["params"] for r in rows)
+    total_flops = sum(r["flops"] for r in rows)
+    lines = [f"{'#':>3}  {'layer':<10} {'parameters':>12} {'share':>6}   "
+             f"{'forward FLOPs':>13} {'share':>6}",
+             "-" * 60]
+    for r in rows:
+        lines.append(f"{r['index']:>3}  {r['name']:<10} {r['params']:>12,} "
+                     f"{r['params'] / total_params:>6.1%}   {_si(r['flops']):>13} "
+                     f"{r['flops'] / total_flops:>6.1%}")
+    lines += ["-" * 60,
+              f"{'':>3}  {'total':<10} {total_params:>12,} {'':>6}   {_si(total_flops):>13}",
+              f"(FLOPs for a batch of {batch_size} sequence(s) of {cfg.seq_len} tokens)"]
+    return "\n".join(lines)
+
+
+def plot_layer_costs(cfg: ModelConfig, batch_size: int = 1):
+    """Bar charts of parameters and forward FLOPs per layer; returns the figure."""
+    rows = layer_costs(cfg, batch_size)
+    names = [r["name"] for r in rows]
+    colors = {"embedding": "tab:green", "block": "tab:blue", "head": "tab:orange"}
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+    for ax, key, label in ((axes[0], "params", "parameters"),
+                           (axes[1], "flops", f"forward FLOPs (batch {batch_size})")):
+        ax.bar(names, [r[key] for r in rows], color=[colors[r["kind"]] for r in rows])
+        ax.set_title(f"{label} per layer")
+        ax.set_ylabel(label)
+        ax.tick_params(axis="x", rotation=45)
+    fig.suptitle(f"ToyGPT: {cfg.n_layers} blocks, d_model {cfg.d_model}, "
+                 f"vocab {cfg.vocab_size}, seq_len {cfg.seq_len}")
+    fig.tight_layout()
+    return fig
+
+
+def plot_losses(runs: list[tuple[str, list[float]]], vocab_size: int, ax=None):
+    """Loss curves, the last run highlighted, with the uniform-guess level ln(vocab)."""
+    import math
+
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 3.5))
+    for i, (label, losses) in enumerate(runs):
+        last = i == len(runs) - 1
+        ax.plot(range(1, len(losses) + 1), losses, label=label,
+                linewidth=2 if last else 1, alpha=1 if last else 0.45)
+    ax.axhline(math.log(vocab_size), color="gray", linestyle="--", linewidth=1,
+               label=f"uniform guess, ln {vocab_size} = {math.log(vocab_size):.2f}")
+    ax.set_xlabel("training step")
+    ax.set_ylabel("cross-entropy loss (nats per character)")
+    ax.set_title("single-process training of the toy GPT")
+    ax.legend(fontsize=8)
+    ax.figure.tight_layout()
+    return ax.figure
+
+
+def describe(cfg: ModelConfig) -> str:
+    params = sum(r["params"] for r in layer_costs(cfg))
+    return (f"{cfg.n_layers} layers × width {cfg.d_model}: {params:,} parameters, "
+            f"{cfg.total_layers} pipeline-splittable layers (embedding + {cfg.n_layers} blocks + head)")
+
+
+def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads: int = 4):
+    """Sliders for depth, width and steps; a button that trains and plots the loss curve.
+
+    Every run is kept and drawn faintly behind the newest, so configurations can be compared.
+    The widgets carry CSS classes (pipelab-layers, pipelab-width, pipelab-steps, pipelab-train,
+    pipelab-info, pipelab-plot) that the browser test uses to find them.
+    """
+    import ipywidgets as w
+    from IPython.display import display
+
+    layers_slider = w.IntSlider(value=layers, min=1, max=8, description="layers")
+    width_slider = w.IntSlider(value=width, min=16, max=128, step=16, description="width")
+    steps_slider = w.IntSlider(value=steps, min=20, max=400, step=20, description="steps")
+    button = w.Button(description="Train", button_style="primary", icon="play")
+    for widget, name in ((layers_slider, "layers"), (width_slider, "width"),
+                         (steps_slider, "steps"), (button, "train")):
+        widget.add_class(f"pipelab-{name}")
+
+    def config() -> ModelConfig:
+        return ModelConfig(n_layers=layers_slider.value, d_model=width_slider.value,
+                           n_heads=n_heads)
+
+    def show_info(n_layers: int, d_model: int) -> None:
+        print(describe(ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads)))
+
+    info = w.interactive_output(show_info, {"n_layers": layers_slider, "d_model": width_slider})
+    info.add_class("pipelab-info")
+    plot = w.Output()
+    plot.add_class("pipelab-plot")
+    runs: list[tuple[str, list[float]]] = []
+
+    def on_train(_button) -> None:
+        button.disabled = True
+        try:
+            cfg, n_steps = config(), steps_slider.value
+            with plot:
+                plot.clear_output(wait=True)
+                start = time.perf_counter()
+                losses = train(cfg, steps=n_steps, progress=True)
+                elapsed = time.perf_counter() - start
+                runs.append((f"{cfg.n_layers} layers × {cfg.d_model}", losses))
+                plot.clear_output(wait=True)
+                fig = plot_losses(runs[-5:], cfg.vocab_size)
+                display(fig)
+                plt.close(fig)
+                tail = sum(losses[-10:]) / len(losses[-10:])
+                print(f"trained {cfg.n_layers} layers × width {cfg.d_model} for {n_steps} steps "
+                      f"in {elapsed:.1f} s: loss {losses[0]:.2f} → {tail:.2f} "
+                      f"(mean of the last 10 steps)")
+        finally:
+            button.disabled = False
+
+    button.on_click(on_train)
+    return w.VBox([w.HBox([layers_slider, width_slider]), w.HBox([steps_slider, button]),
+                   info, plot])

@@ -1,0 +1,191 @@
+"""Notebook 00 in a real browser: JupyterLab + headless Debian chromium driven by playwright.
+
+Starts JupyterLab on a temporary copy of notebooks/ (Run All and autosave write outputs back),
+runs every cell through the command palette, moves the `layers` slider with the keyboard, trains
+from the widget's button and checks that the page shows the new model and its loss curve.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from pipelab import ModelConfig
+from pipelab.widgets import describe
+
+REPO = Path(__file__).resolve().parent.parent
+CHROMIUM = shutil.which("chromium")
+CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update",
+                  "--disable-sync"]
+# The "Jupyter news" toast would cover the page; the settings override switches it off.
+NOTIFICATION_SETTINGS = {"fetchNews": "false", "checkForUpdates": False}
+
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="no `chromium` on PATH: the browser test drives Debian's chromium "
+           "(apt-get install chromium; .ci/run installs it)")
+
+
+@dataclass
+class Lab:
+    base: str
+    token: str
+    log: Path
+
+    def url(self, path: str) -> str:
+        return f"{self.base}/{path}?token={self.token}"
+
+    def api(self, path: str, method: str = "GET"):
+        request = urllib.request.Request(self.url(f"api/{path}"), method=method)
+        with urllib.request.urlopen(request, timeout=10) as response:
+            body = response.read()
+        return json.loads(body) if body else None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def lab(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lab")
+    notebooks = root / "notebooks"
+    shutil.copytree(REPO / "notebooks", notebooks,
+                    ignore=shutil.ignore_patterns(".ipynb_checkpoints"))
+    settings = root / "settings" / "@jupyterlab" / "apputils-extension"
+    settings.mkdir(parents=True)
+    (settings / "notification.jupyterlab-settings").write_text(json.dumps(NOTIFICATION_SETTINGS))
+    token, port = secrets.token_hex(16), _free_port()
+    env = dict(os.environ, PIPELAB_CI="1",
+               # one torch thread in the kernel: chromium needs the other core
+               OMP_NUM_THREADS="1",
+               JUPYTERLAB_SETTINGS_DIR=str(root / "settings"),
+               JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
+               JUPYTER_RUNTIME_DIR=str(root / "runtime"))
+    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1",
+               f"--port={port}", "--ServerApp.port_retries=0", f"--ServerApp.token={token}",
+               f"--ServerApp.root_dir={notebooks}"]
+    if os.getuid() == 0:
+        command.append("--allow-root")
+    log_path = root / "server.log"
+    with open(log_path, "w") as log:
+        # its own process group, so the kernels it started go down with it
+        server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                  cwd=root, start_new_session=True)
+        try:
+            lab = Lab(f"http://127.0.0.1:{port}", token, log_path)
+            deadline = time.monotonic() + 90
+            while True:
+                if server.poll() is not None:
+                    pytest.fail(f"JupyterLab exited with {server.returncode}:\n"
+                                f"{log_path.read_text()[-3000:]}")
+                try:
+                    lab.api("status")
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        pytest.fail(f"JupyterLab did not answer in 90 s:\n"
+                                    f"{log_path.read_text()[-3000:]}")
+                    time.sleep(0.3)
+            yield lab
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                server.kill()
+                server.wait()
+            try:
+                os.killpg(server.pid, signal.SIGKILL)   # stragglers in the server's own group
+            except ProcessLookupError:
+                pass
+
+
+@pytest.fixture
+def page(lab):
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_FLAGS,
+                                             headless=True)
+        try:
+            context = browser.new_context(viewport={"width": 1400, "height": 1000})
+            context.set_default_timeout(60_000)
+            yield context.new_page()
+        finally:
+            browser.close()
+            # the server keeps a notebook's kernel after the page closes
+            for session in lab.api("sessions"):
+                lab.api(f"sessions/{session['id']}", method="DELETE")
+
+
+def _run_all_cells(page) -> None:
+    """Run → Run All Cells, through the menu bar as a reader would."""
+    page.locator(".lm-MenuBar-itemLabel", has_text=re.compile(r"^Run$")).click()
+    page.locator(".lm-Menu-itemLabel:visible", has_text=re.compile(r"^Run All Cells$")).click()
+
+
+@pytest.mark.timeout(400)
+def test_welcome_notebook_widget_trains_in_browser(lab, page):
+    try:
+        _check_welcome_notebook(lab, page)
+    except BaseException:
+        shot = lab.log.parent / "failure.png"
+        page.screenshot(path=shot)
+        print(f"screenshot of the page: {shot}; server log: {lab.log}")
+        raise
+
+
+def _check_welcome_notebook(lab, page) -> None:
+    from playwright.sync_api import expect
+
+    page.goto(lab.url("lab/tree/00_welcome.ipynb"))
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+    # Run All before the kernel is up would open a "Select Kernel" dialog instead.
+    expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3 (ipykernel) | Idle")
+           ).to_have_count(1, timeout=90_000)
+    _run_all_cells(page)
+
+    # The widget is the last cell: once it shows, every cell above ran.
+    info = page.locator(".pipelab-info")
+    expect(info).to_contain_text(describe(ModelConfig(n_layers=4, d_model=64)), timeout=240_000)
+    expect(page.get_by_text("Traceback (most recent call last)")).to_have_count(0)
+    assert any("held-out loss" in text for text in page.locator(".jp-OutputArea").all_inner_texts())
+
+    # Keyboard on the focused slider handles; every intermediate value reaches the kernel,
+    # so wait for the final one.
+    layers = page.locator(".pipelab-layers .noUi-handle")
+    layers.focus()
+    for _ in range(2):
+        layers.press("ArrowRight")
+    steps = page.locator(".pipelab-steps .noUi-handle")
+    steps.focus()
+    for _ in range(3):
+        steps.press("ArrowLeft")
+    expect(info).to_contain_text(describe(ModelConfig(n_layers=6, d_model=64)), timeout=30_000)
+    expect(page.locator(".pipelab-steps .widget-readout")).to_have_text("40", timeout=30_000)
+
+    plot = page.locator(".pipelab-plot")
+    expect(plot.locator("img")).to_have_count(0)
+    page.locator(".pipelab-train").click()
+    expect(plot).to_contain_text("trained 6 layers × width 64 for 40 steps", timeout=120_000)
+    expect(plot.locator("img")).to_have_count(1, timeout=30_000)
+    expect(plot.locator("img")).to_be_visible(timeout=30_000)
+    text = plot.inner_text()
+    start, end = map(float, re.search(r"loss (\d+\.\d+) → (\d+\.\d+)", text).groups())
+    assert end < start, f"the widget's run should lower the loss: {text}"
