@@ -26,11 +26,11 @@ test: unit notebooks
 
 # Unit, multi-process and browser tests.
 unit: $(STAMP)
-	PIPELAB_CI=1 $(BIN)/pytest tests
+	PIPELAB_CI=1 $(BIN)/pytest -rs tests
 
 # Every notebook top to bottom, serially (nbval -n 2 would split a notebook across workers).
 notebooks: $(STAMP)
-	PIPELAB_CI=1 $(BIN)/pytest --nbval-lax --nbval-current-env --nbval-cell-timeout=120 \
+	PIPELAB_CI=1 $(BIN)/pytest -rs --nbval-lax --nbval-current-env --nbval-cell-timeout=120 \
 		-p no:cacheprovider notebooks/
 
 clean-venv:
