@@ -16,6 +16,7 @@ a small pipeline in under a second.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import time
 
@@ -73,6 +74,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=7)
     args = parser.parse_args()
 
+    load_before = os.getloadavg()[0]
     p, m = 2, args.microbatches
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=4,
                          seq_len=args.seq_len)
@@ -92,10 +94,12 @@ def main() -> None:
         gap = piped["measured"] / piped["replayed"] - 1
         rows.append((name, piped, speedup, speedup / ideal, gap))
     cold, warm = warm_rerun()
+    load_after = os.getloadavg()[0]
 
     print(f"pipeline efficiency: {p} ranks pinned to cores {cores}, {m} microbatches of "
           f"{args.rows}x{args.seq_len} tokens, d_model {args.d_model}, {args.layers} blocks; "
-          f"median of {args.repeats}")
+          f"median of {args.repeats}; load average {load_before:.1f} before, "
+          f"{load_after:.1f} after (wall-clock figures need a quiet machine)")
     print(f"per microbatch F+B CPU per stage (ms): "
           + ", ".join(f"{x:.1f}" for x in rows[-1][1]["stage_ms"])
           + f"; single process: {single['measured'] * 1e3:.1f} ms per step")

@@ -121,6 +121,7 @@ def test_killed_worker_is_detected_within_five_seconds(cluster, sched):
         killer.join()
     assert detected < 5, detected
     assert info.value.rank == 1 and info.value.exitcode == -signal.SIGKILL
+    assert info.value.action == pl.Action(1, "F", 2)
     assert "killed by signal 9" in str(info.value)
     works(cluster, sched)
 

@@ -16,7 +16,7 @@ import time
 import weakref
 
 from ..schedules import comm_plan
-from .board import DONE
+from .board import DONE, RECV, RUN
 from .errors import WorkerError
 from .pool import POLL, WorkerPool
 from .result import RunResult, assemble
@@ -169,25 +169,27 @@ class LocalCluster:
                 bar.close()
         return [reports[r] for r in range(self.ranks)]
 
-    def _where(self, rank: int, spec) -> str:
+    def _where(self, rank: int, spec) -> tuple[str, object]:
+        """(" while running 1F2 (training step 0)", Action) for an error message."""
         state = self._pool.board.read()[rank]
         acts = spec.schedule.actions[rank]
-        if state.position < len(acts) and state.state != DONE:
-            return f" while running {acts[state.position]} (training step {state.step})"
-        return ""
+        if state.state == DONE or state.position >= len(acts):
+            return "", None
+        action = acts[state.position]
+        doing = {RUN: "running", RECV: "waiting for the input of"}.get(state.state, "before")
+        return f" while {doing} {action} (training step {state.step})", action
 
     def _worker_error(self, rank: int, text: str, spec) -> WorkerError:
-        state = self._pool.board.read()[rank]
-        acts = spec.schedule.actions[rank]
-        action = acts[state.position] if state.position < len(acts) else None
+        where, action = self._where(rank, spec)
         last = text.strip().splitlines()[-1] if text.strip() else "an exception"
-        return WorkerError(f"rank {rank} raised {last}{self._where(rank, spec)}.\n"
-                           f"Worker traceback:\n{text}", rank, action, traceback=text)
+        return WorkerError(f"rank {rank} raised {last}{where}.\nWorker traceback:\n{text}",
+                           rank, action, traceback=text)
 
     def _check_deaths(self, spec) -> None:
         try:
             self._pool.check_alive()
         except WorkerError as err:
-            raise WorkerError(f"{err}{self._where(err.rank, spec)}; the other workers were "
-                              f"stopped and the next run starts fresh ones", err.rank,
+            where, action = self._where(err.rank, spec)
+            raise WorkerError(f"{err}{where}; the other workers were stopped and the next run "
+                              f"starts fresh ones", err.rank, action,
                               exitcode=err.exitcode) from None
