@@ -29,9 +29,10 @@ class ModelConfig:
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
             value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        if self.d_ff is not None and (not isinstance(self.d_ff, int) or self.d_ff < 1):
+        if self.d_ff is not None and (isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int)
+                                      or self.d_ff < 1):
             raise ValueError(f"ModelConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
         if self.d_model % self.n_heads:
             raise ValueError(
@@ -73,10 +74,14 @@ class Embedding(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
+        self.seq_len = cfg.seq_len
         self.tok = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos = nn.Embedding(cfg.seq_len, cfg.d_model)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        if idx.shape[1] > self.seq_len:
+            raise ValueError(f"a sequence of {idx.shape[1]} tokens is longer than "
+                             f"ModelConfig.seq_len ({self.seq_len})")
         positions = torch.arange(idx.shape[1], device=idx.device)
         return self.tok(idx) + self.pos(positions)
 

@@ -9,6 +9,7 @@ import time
 import matplotlib.pyplot as plt
 
 from .model import ModelConfig, ToyGPT, layer_costs
+from .plots import plot_layer_costs  # noqa: F401 - notebook 00 imports it from here
 from .train import train
 
 
@@ -35,24 +36,6 @@ def layer_table(cfg: ModelConfig, batch_size: int = 1) -> str:
               f"{'':>3}  {'total':<10} {total_params:>12,} {'':>6}   {_si(total_flops):>13}",
               f"(FLOPs for a batch of {batch_size} sequence(s) of {cfg.seq_len} tokens)"]
     return "\n".join(lines)
-
-
-def plot_layer_costs(cfg: ModelConfig, batch_size: int = 1):
-    """Bar charts of parameters and forward FLOPs per layer; returns the figure."""
-    rows = layer_costs(cfg, batch_size)
-    names = [r["name"] for r in rows]
-    colors = {"embedding": "tab:green", "block": "tab:blue", "head": "tab:orange"}
-    fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
-    for ax, key, label in ((axes[0], "params", "parameters"),
-                           (axes[1], "flops", f"forward FLOPs (batch {batch_size})")):
-        ax.bar(names, [r[key] for r in rows], color=[colors[r["kind"]] for r in rows])
-        ax.set_title(f"{label} per layer")
-        ax.set_ylabel(label)
-        ax.tick_params(axis="x", rotation=45)
-    fig.suptitle(f"ToyGPT: {cfg.n_layers} blocks, d_model {cfg.d_model}, "
-                 f"vocab {cfg.vocab_size}, seq_len {cfg.seq_len}")
-    fig.tight_layout()
-    return fig
 
 
 def plot_losses(runs: list[tuple[str, list[float]]], vocab_size: int, ax=None):

@@ -153,3 +153,11 @@ def test_block_flops_follow_the_closed_form_and_scale_with_batch():
         assert block["flops"] == s * b * h * (24 * h + 4 * s)
     head = pl.layer_costs(cfg, batch_size=3)[-1]
     assert head["flops"] == 2 * s * 3 * h * cfg.vocab_size
+
+
+def test_booleans_are_not_sizes_and_long_sequences_are_refused():
+    with pytest.raises(ValueError, match="n_layers"):
+        pl.ModelConfig(n_layers=True)
+    model = pl.ToyGPT(pl.ModelConfig(seq_len=8))
+    with pytest.raises(ValueError, match="seq_len"):
+        model(torch.zeros(1, 9, dtype=torch.long))

@@ -14,8 +14,8 @@ def test_layer_table_and_plot():
     table = widgets.layer_table(cfg)
     total = sum(r["params"] for r in pl.layer_costs(cfg))
     assert f"{total:,}" in table and "block 3" in table and "head" in table
-    fig = widgets.plot_layer_costs(cfg)
-    assert len(fig.axes) == 2 and [t.get_text() for t in fig.axes[0].get_xticklabels()][0] == "embedding"
+    axes = widgets.plot_layer_costs(cfg)
+    assert len(axes) == 2 and [t.get_text() for t in axes[0].get_xticklabels()][0] == "E"
 
 
 def test_training_widget_updates_and_trains():
