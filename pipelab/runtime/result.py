@@ -19,7 +19,7 @@ class RunResult:
 
     `timeline` is measured wall-clock time; `replay` re-runs the schedule in the simulator with
     each action's measured CPU time (what p dedicated cores would show); `simulated` uses one
-    mean cost per stage and kind (the textbook model). The first step is the one compared with
+    median cost per stage and kind (the textbook model). The first step is the one compared with
     the unsplit model, because every later step starts from weights that already went through
     two different (equally valid) float orders.
     """
@@ -124,19 +124,6 @@ def _latency(reports: list[dict], k: int) -> float:
     return statistics.median(pool) if pool else 0.0
 
 
-def _cost_model(spec: RunSpec, cpu: dict, comm: float) -> Costs:
-    """One mean cost per stage and kind (B split evenly into I and W when not measured apart)."""
-    by = {}
-    for a, seconds in cpu.items():
-        by.setdefault((a.kind, a.stage), []).append(seconds)
-    mean = {key: statistics.fmean(v) for key, v in by.items()}
-    stages = range(spec.schedule.stages)
-    F = [mean.get(("F", s), 0.0) for s in stages]
-    I = [mean.get(("I", s), mean.get(("B", s), 0.0) / 2) for s in stages]
-    W = [mean.get(("W", s), mean.get(("B", s), 0.0) / 2) for s in stages]
-    return Costs(F=F, I=I, W=W, comm=comm, unit="s")
-
-
 def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[float, float, dict]:
     """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error."""
     model = ToyGPT(spec.cfg)
@@ -165,7 +152,7 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
     comm = _latency(reports, last)
     replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed")
-    modelled = simulate(sched, _cost_model(spec, cpu, comm), source="simulated")
+    modelled = simulate(sched, Costs.fit(timelines[-1], sched.stages, comm), source="simulated")
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}
     result = RunResult(spec, timelines[-1], replay, modelled,
