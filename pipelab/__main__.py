@@ -18,7 +18,7 @@ from datetime import timedelta
 EPILOG = """\
 The table shows the makespan and bubble fraction measured (wall clock), replayed (the
 simulator fed each action's measured CPU time: what dedicated cores would show) and simulated
-(one mean cost per stage and kind); the loss and the largest relative gradient error against
+(one median cost per stage and kind); the loss and the largest relative gradient error against
 the unsplit model on the same batch; and the peak live activation bytes per rank.
 Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad arguments."""
 
