@@ -5,6 +5,7 @@ One LocalCluster per rank count, shared by the module (starting workers costs se
 from __future__ import annotations
 
 import math
+import statistics
 import time
 
 import pytest
@@ -108,6 +109,13 @@ def test_timeline_is_measured_and_replayed(clusters):
     for e in tl.events:
         for dep in sched.dependencies(e.action):
             assert e.start >= end[dep]
+    # The replay runs each action for its measured CPU time; the simulated view for the median
+    # CPU time of its kind on its stage.
+    cpu = {e.action: e.cpu for e in tl.events}
+    assert all(e.duration == pytest.approx(cpu[e.action]) for e in res.replay.events)
+    for e in res.simulated.events:
+        same = [c for a, c in cpu.items() if (a.kind, a.stage) == (e.action.kind, e.action.stage)]
+        assert e.duration == pytest.approx(statistics.median(same))
     assert res.replay.makespan > 0 and res.comm_latency >= 0
     assert set(res.recv_wait) == {0, 1}
 
