@@ -116,7 +116,7 @@ def test_timeline_is_measured_and_replayed(clusters):
     for e in res.simulated.events:
         same = [c for a, c in cpu.items() if (a.kind, a.stage) == (e.action.kind, e.action.stage)]
         assert e.duration == pytest.approx(statistics.median(same))
-    assert res.replay.makespan > 0 and res.comm_latency >= 0
+    assert res.replay.makespan > 0 and res.comm_latency > 0     # a message takes time
     assert set(res.recv_wait) == {0, 1}
 
 
