@@ -12,6 +12,8 @@ from pathlib import Path
 
 import torch
 
+from .checks import positive_int
+
 #: Every symbol the tokenizer knows: newline, space, punctuation, digits, lowercase letters.
 ALPHABET = "\n " + "!'(),-.:;=?*+/" + string.digits + string.ascii_lowercase
 VOCAB_SIZE = len(ALPHABET)
@@ -68,11 +70,6 @@ def corpus_tokens(split: str = "train", path: str | Path | None = None) -> torch
     return _tokens(None if path is None else str(path), split)
 
 
-def _check_positive(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-
-
 def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
               generator: torch.Generator | None = None, split: str = "train",
               path: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -81,8 +78,8 @@ def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
     Deterministic given `seed` (a fresh generator) or `generator` (advanced by the call, so
     successive calls give successive batches); with neither, torch's global RNG is used.
     """
-    _check_positive("batch_size", batch_size)
-    _check_positive("seq_len", seq_len)
+    positive_int("batch_size", batch_size)
+    positive_int("seq_len", seq_len)
     if seed is not None and generator is not None:
         raise ValueError("pass seed or generator, not both")
     if seed is not None:
@@ -103,8 +100,7 @@ def split_microbatches(inputs: torch.Tensor, targets: torch.Tensor,
 
     Each piece is a contiguous view (rows of a contiguous tensor), ready to send point to point.
     """
-    if isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1:
-        raise ValueError(f"microbatches must be a positive integer, got {microbatches!r}")
+    positive_int("microbatches", microbatches)
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(f"inputs and targets must have the same number of rows, "
                          f"got {inputs.shape[0]} and {targets.shape[0]}")

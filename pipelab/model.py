@@ -14,6 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .checks import positive_int
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -28,12 +30,9 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"ModelConfig.{name} must be a positive integer, got {value!r}")
-        if self.d_ff is not None and (isinstance(self.d_ff, bool) or not isinstance(self.d_ff, int)
-                                      or self.d_ff < 1):
-            raise ValueError(f"ModelConfig.d_ff must be a positive integer or None, got {self.d_ff!r}")
+            positive_int(f"ModelConfig.{name}", getattr(self, name))
+        if self.d_ff is not None:
+            positive_int("ModelConfig.d_ff", self.d_ff)      # or None, meaning 4 * d_model
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

@@ -15,6 +15,7 @@ from typing import Sequence
 
 import torch
 
+from .checks import positive_int
 from .model import ModelConfig, build_layer, layer_costs, loss_fn
 
 METHODS = ("uniform", "params", "cost")
@@ -134,8 +135,7 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
 
 
 def _check_stages(cfg: ModelConfig, stages: int) -> None:
-    if not isinstance(stages, int) or stages < 1:
-        raise ValueError(f"stages must be a positive integer, got {stages!r}")
+    positive_int("stages", stages)
     if stages > cfg.total_layers:
         raise ValueError(
             f"stages={stages} but the model has only {cfg.total_layers} layers (embedding + "

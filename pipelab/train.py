@@ -3,13 +3,9 @@ from __future__ import annotations
 
 import torch
 
+from .checks import positive_int, positive_number
 from .data import VOCAB_SIZE, decode, encode, get_batch
 from .model import ModelConfig, ToyGPT
-
-
-def _check_positive(name: str, value, number: type = int) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, number)) or not value > 0:
-        raise ValueError(f"{name} must be a positive {number.__name__}, got {value!r}")
 
 
 def train(cfg: ModelConfig, steps: int = 200, batch_size: int = 16, lr: float = 3e-3,
@@ -20,9 +16,9 @@ def train(cfg: ModelConfig, steps: int = 200, batch_size: int = 16, lr: float = 
     with `seed`, and the weights from `cfg.seed`: the same arguments give the same losses.
     Pass `model` to train an existing ToyGPT in place (for `sample` afterwards).
     """
-    _check_positive("steps", steps)
-    _check_positive("batch_size", batch_size)
-    _check_positive("lr", lr, float)
+    positive_int("steps", steps)
+    positive_int("batch_size", batch_size)
+    positive_number("lr", lr)
     if cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"ModelConfig.vocab_size ({cfg.vocab_size}) must be at least the "
                          f"tokenizer's VOCAB_SIZE ({VOCAB_SIZE})")

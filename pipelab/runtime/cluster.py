@@ -15,6 +15,7 @@ import atexit
 import time
 import weakref
 
+from ..checks import positive_int
 from ..schedules import comm_plan
 from .board import DONE, RECV, RUN
 from .errors import WorkerError
@@ -41,9 +42,7 @@ class LocalCluster:
     """
 
     def __init__(self, ranks: int, timeout: float = 30.0, pin: bool = True, start: bool = True):
-        if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-            raise ValueError(f"ranks must be a positive integer, got {ranks!r}")
-        self.ranks = ranks
+        self.ranks = positive_int("ranks", ranks)
         self.timeout = check_timeout(timeout)
         self.pin = pin
         self._pool: WorkerPool | None = None

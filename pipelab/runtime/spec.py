@@ -6,9 +6,9 @@ must never reach the workers: a half-started pipeline is much harder to explain 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
+from ..checks import integer, positive_int, positive_number
 from ..data import VOCAB_SIZE
 from ..model import ModelConfig
 from ..partition import Partition, partition as make_partition
@@ -40,17 +40,8 @@ class RunSpec:
         return (self.rows_per_microbatch, self.cfg.seq_len, self.cfg.d_model)
 
 
-def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
 def check_timeout(value) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \
-            or not math.isfinite(value):
-        raise ValueError(f"timeout must be a positive number of seconds, got {value!r}")
-    return float(value)
+    return positive_number("timeout", value, "number of seconds")
 
 
 def _bounds(cfg: ModelConfig, stages: int, partition) -> tuple[list[tuple[int, int]], str]:
@@ -115,14 +106,12 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
                                   f"register one with pipelab.runtime.register_handler")
     bounds, method = _bounds(cfg, schedule.stages, partition)
     m = schedule.microbatches
-    batch_size = 2 * m if batch_size is None else _positive_int("batch_size", batch_size)
+    batch_size = 2 * m if batch_size is None else positive_int("batch_size", batch_size)
     if batch_size % m:
         raise ValueError(f"batch_size={batch_size} does not split into {m} microbatches: "
                          f"batch_size must be a multiple of microbatches (e.g. {2 * m})")
-    if isinstance(seed, bool) or not isinstance(seed, int):
-        raise ValueError(f"seed must be an integer, got {seed!r}")
-    _positive_int("steps", steps)
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0:
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    integer("seed", seed)
+    positive_int("steps", steps)
+    positive_number("lr", lr)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    method, _injections(schedule, inject))

@@ -4,6 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
+from ..checks import positive_int
 from .gcpause import without_gc
 
 SCHEDULES: dict[str, Callable] = {}
@@ -21,9 +22,8 @@ def schedule(name: str, ranks: int, microbatches: int, **options):
     """Build, validate and return the named schedule."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; registered schedules: {', '.join(SCHEDULES)}")
-    for param, value in (("ranks", ranks), ("microbatches", microbatches)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{param} must be a positive integer, got {value!r}")
+    positive_int("ranks", ranks)
+    positive_int("microbatches", microbatches)
     generator = SCHEDULES[name]
     accepted = set(inspect.signature(generator).parameters) - {"ranks", "microbatches"}
     unknown = set(options) - accepted
