@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import positive_int
+from .checks import integer, positive_int
 
 
 @dataclass(frozen=True)
@@ -33,6 +33,10 @@ class ModelConfig:
             positive_int(f"ModelConfig.{name}", getattr(self, name))
         if self.d_ff is not None:
             positive_int("ModelConfig.d_ff", self.d_ff)      # or None, meaning 4 * d_model
+        integer("ModelConfig.seed", self.seed)
+        if not isinstance(self.tie_embeddings, bool):
+            raise ValueError(f"ModelConfig.tie_embeddings must be True or False, "
+                             f"got {self.tie_embeddings!r}")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")

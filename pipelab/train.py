@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import torch
 
-from .checks import positive_int, positive_number
+from .checks import integer, positive_int, positive_number
 from .data import VOCAB_SIZE, decode, encode, get_batch
 from .model import ModelConfig, ToyGPT
 
@@ -19,6 +19,7 @@ def train(cfg: ModelConfig, steps: int = 200, batch_size: int = 16, lr: float = 
     positive_int("steps", steps)
     positive_int("batch_size", batch_size)
     positive_number("lr", lr)
+    integer("seed", seed)
     if cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"ModelConfig.vocab_size ({cfg.vocab_size}) must be at least the "
                          f"tokenizer's VOCAB_SIZE ({VOCAB_SIZE})")

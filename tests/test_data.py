@@ -95,6 +95,7 @@ def test_validation_split_is_held_out():
     (dict(batch_size=2, seq_len=-1), "seq_len"),
     (dict(batch_size=2, seq_len=10**9), "seq_len"),
     (dict(batch_size=2, seq_len=8, seed=1, generator=torch.Generator()), "seed or generator"),
+    (dict(batch_size=2, seq_len=8, seed=0.5), "seed must be an integer"),
 ])
 def test_bad_batch_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):

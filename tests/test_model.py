@@ -113,6 +113,8 @@ def test_tied_embeddings_share_one_tensor():
     (dict(d_ff=0), "d_ff"),
     (dict(n_layers=2.5), "n_layers"),
     (dict(d_model=66, n_heads=4), "d_model"),
+    (dict(seed=1.5), "ModelConfig.seed"),           # torch would only fail later, deep inside
+    (dict(tie_embeddings="yes"), "tie_embeddings"),
 ])
 def test_bad_config_names_the_field(fields, name):
     with pytest.raises(ValueError, match=name):

@@ -49,6 +49,7 @@ def test_train_updates_a_given_model_in_place():
 @pytest.mark.parametrize("kwargs,name", [
     (dict(steps=0), "steps"), (dict(steps=1.5), "steps"), (dict(batch_size=-1), "batch_size"),
     (dict(lr=0), "lr"), (dict(lr=-1e-3), "lr"), (dict(lr=float("nan")), "lr"),
+    (dict(seed=1.5), "seed"),
 ])
 def test_bad_arguments(kwargs, name):
     with pytest.raises(ValueError, match=name):
