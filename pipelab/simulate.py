@@ -6,6 +6,8 @@ and zero communication; this always holds.
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
@@ -32,13 +34,16 @@ class Costs:
     unit: str = "units"
 
     def __post_init__(self) -> None:
-        for name in ("F", "I", "W"):
-            values = getattr(self, name)
-            values = values if isinstance(values, (list, tuple)) else [values]
-            if any(v < 0 for v in values):
-                raise ValueError(f"Costs.{name} must be non-negative, got {getattr(self, name)!r}")
-        if self.comm < 0:
-            raise ValueError(f"Costs.comm must be non-negative, got {self.comm!r}")
+        for name in ("F", "I", "W", "comm"):
+            value = getattr(self, name)
+            per_stage = name != "comm" and not isinstance(value, str) and hasattr(value, "__len__")
+            values = list(value) if per_stage else [value]
+            if not all(_is_time(v) for v in values):
+                raise ValueError(f"Costs.{name} must be a finite number >= 0"
+                                 f"{' (one number, or one per stage)' if name != 'comm' else ''}, "
+                                 f"got {value!r}")
+            if per_stage:       # a list whatever came in (a tuple, a numpy array): `of` indexes it
+                setattr(self, name, [float(v) for v in values])
 
     @classmethod
     def from_backward(cls, F: float = 1.0, B: float = 2.0, comm: float = 0.0, **kw) -> "Costs":
@@ -64,7 +69,7 @@ class Costs:
 
     def of(self, kind: str, stage: int) -> float:
         value = getattr(self, kind)
-        if isinstance(value, (list, tuple)):
+        if isinstance(value, list):
             if stage >= len(value):
                 raise ValueError(f"Costs.{kind} has {len(value)} per-stage values, "
                                  f"but the schedule has stage {stage}")
@@ -79,6 +84,12 @@ class Costs:
         if action.kind in ("F", "I", "W"):
             return self.of(action.kind, action.stage)
         raise ValueError(f"no cost for action kind {action.kind!r}; use per_action")
+
+
+def _is_time(value) -> bool:
+    """A finite, non-negative real number (NaN would silently poison every later start time)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) \
+        and math.isfinite(value) and value >= 0
 
 
 @without_gc

@@ -76,8 +76,12 @@ def test_per_action_costs_override_the_model():
 
 
 def test_bad_costs_raise():
-    with pytest.raises(ValueError, match="Costs.F"):
-        pl.Costs(F=-1)
+    for bad in (dict(F=-1), dict(F=float("nan")), dict(I="1"), dict(W=[1, -1]),
+                dict(comm=float("inf"))):
+        with pytest.raises(ValueError, match=f"Costs.{next(iter(bad))}"):
+            pl.Costs(**bad)
+    numpy = pytest.importorskip("numpy")      # any sequence works per stage, stored as a list
+    assert pl.Costs(F=numpy.array([1.0, 2.0]), I=(1, 1)).F == [1.0, 2.0]
     with pytest.raises(ValueError, match="per-stage values"):
         pl.simulate(pl.schedule("gpipe", ranks=3, microbatches=2), pl.Costs(F=[1, 1]))
     with pytest.raises(ValueError, match="i_frees"):
