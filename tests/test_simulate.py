@@ -117,3 +117,12 @@ def test_fit_recovers_the_cost_model_of_a_timeline():
     assert fitted.F == [1.0, 2.0] and fitted.I == [1.5, 0.5] and fitted.W == [1.5, 0.5]
     again = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=4), fitted)
     assert again.makespan == tl.makespan
+
+
+def test_a_generated_schedule_is_validated_once(monkeypatch):
+    import sys
+    checks = sys.modules["pipelab.schedules.validate"]      # the module; the package exports its function
+    sched = pl.schedule("1f1b", ranks=4, microbatches=8)      # validates
+    monkeypatch.setattr(checks, "validate", lambda s: pytest.fail("validated again"))
+    sched.validate()
+    pl.simulate(sched)

@@ -173,8 +173,7 @@ class Schedule:
 
     def validate(self) -> "Schedule":
         """Raise ScheduleError (with the grid, the bad step marked) unless the schedule is sound."""
-        from .validate import validate
-        validate(self)
+        self.execution_order()      # validates, and caches the order that simulate() reuses
         return self
 
 
