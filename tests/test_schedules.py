@@ -29,6 +29,13 @@ def test_text_and_csv_round_trip(name, p, m, tmp_path):
     sched.to_csv(path)
     from_csv = Schedule.from_csv(path)
     assert from_csv.actions == sched.actions and from_csv.placement == sched.placement
+    assert Schedule.from_csv(str(path)).actions == sched.actions
+    assert Schedule.from_csv(sched.to_csv()).actions == sched.actions      # the text itself
+
+
+def test_from_csv_reads_a_long_one_line_text():
+    sched = pl.schedule("gpipe", ranks=1, microbatches=200)       # 2 000+ characters, one line
+    assert Schedule.from_csv(sched.to_csv().strip()).actions == sched.actions
 
 
 def test_from_text_accepts_rank_prefixes_comments_and_idle_marks():

@@ -136,9 +136,7 @@ class Schedule:
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
                  microbatches: int | None = None, name: str | None = None) -> "Schedule":
-        source = Path(path_or_text)
-        text = source.read_text() if "\n" not in str(path_or_text) and source.exists() else str(path_or_text)
-        rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(text))]
+        rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
         return cls._from_rows(rows, placement, microbatches, name)
 
     @classmethod
@@ -175,6 +173,18 @@ class Schedule:
         """Raise ScheduleError (with the grid, the bad step marked) unless the schedule is sound."""
         self.execution_order()      # validates, and caches the order that simulate() reuses
         return self
+
+
+def _csv_text(path_or_text: str | Path) -> str:
+    """The CSV itself: read from a Path, or from a str naming an existing file; else the str."""
+    if isinstance(path_or_text, Path):
+        return path_or_text.read_text()
+    try:
+        if "\n" not in path_or_text and Path(path_or_text).is_file():
+            return Path(path_or_text).read_text()
+    except OSError:        # a one-line schedule longer than a file name can be
+        pass
+    return path_or_text
 
 
 def _parse_cells(cells: Iterable[str]) -> list[Action]:
