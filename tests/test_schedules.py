@@ -148,3 +148,13 @@ def test_long_schedule_error_shows_a_window_not_thousands_of_lines():
     with pytest.raises(ScheduleError) as info:
         sched.validate()
     assert len(str(info.value).splitlines()) < 40
+
+
+def test_pickled_schedule_leaves_its_caches_behind():
+    import pickle
+    sched = pl.schedule("1f1b", ranks=4, microbatches=64)          # validated: caches are full
+    again = pickle.loads(pickle.dumps(sched))                      # what each worker receives
+    assert again == sched and again._checked is None and again._index is None
+    never_checked = Schedule(sched.actions, sched.placement, sched.microbatches, sched.name)
+    assert len(pickle.dumps(sched)) == len(pickle.dumps(never_checked))
+    assert again.input_grad_action(1, 3) == Action(1, "B", 3)

@@ -30,6 +30,10 @@ class Schedule:
         self.actions = [list(rank_actions) for rank_actions in self.actions]
         self.placement = tuple(self.placement)
 
+    def __getstate__(self) -> dict:
+        # The caches are rebuilt on demand; shipping them to every worker would triple the message.
+        return {**self.__dict__, "_index": None, "_checked": None}
+
     # --- shape -------------------------------------------------------------------------------
     @property
     def ranks(self) -> int:
