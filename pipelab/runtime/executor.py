@@ -57,6 +57,8 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
             report["grads"] = stages.gradients()
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)
+        # The last step's update is skipped: its weights are never used again (every run
+        # rebuilds its stages from the config), and its gradients are what gets reported.
         if optimizer is not None and k < spec.steps - 1:
             board.set(rank, k, len(plan), OPTIM)
             optimizer.step()

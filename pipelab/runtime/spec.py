@@ -102,8 +102,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     from .handlers import HANDLERS
     unknown = sorted({a.kind for acts in schedule.actions for a in acts} - set(HANDLERS))
     if unknown:
-        raise NotImplementedError(f"the runtime has no handler for action kind(s) {unknown}; "
-                                  f"register one with pipelab.runtime.register_handler")
+        raise ValueError(f"schedule: the runtime has no handler for action kind(s) {unknown}; "
+                         f"register one with pipelab.runtime.register_handler")
     bounds, method = _bounds(cfg, schedule.stages, partition)
     m = schedule.microbatches
     batch_size = 2 * m if batch_size is None else positive_int("batch_size", batch_size)

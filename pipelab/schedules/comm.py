@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 from .actions import Action
 
+MAX_STAGES = 4096
+
 
 @dataclass(frozen=True)
 class Transfer:
@@ -27,9 +29,10 @@ class Transfer:
 
     @property
     def tag(self) -> int:
-        # Unique per (stage boundary, direction, microbatch), so messages can never be confused.
+        # Unique per (stage boundary, direction, microbatch), so messages can never be confused;
+        # comm_plan refuses schedules with MAX_STAGES stages or more, where this would collide.
         direction = 0 if self.producer.kind == "F" else 1
-        return (self.producer.microbatch * 4096 + self.producer.stage) * 2 + direction
+        return (self.producer.microbatch * MAX_STAGES + self.producer.stage) * 2 + direction
 
     def __str__(self) -> str:
         return f"{self.what} {self.producer}->{self.consumer} (rank {self.src}->{self.dst})"
@@ -55,6 +58,9 @@ def consumers(schedule, action: Action) -> list[Action]:
 
 def comm_plan(schedule) -> list[list[Step]]:
     """For each rank, its actions in order, each with the transfers around it."""
+    if schedule.stages >= MAX_STAGES:
+        raise ValueError(f"schedule: {schedule.stages} stages; message tags support fewer than "
+                         f"{MAX_STAGES}")
     place = schedule.placement
     plan = []
     for rank, acts in enumerate(schedule.actions):
