@@ -192,7 +192,7 @@ def layer_costs(cfg: ModelConfig, batch_size: int = 1) -> list[dict]:
     for i in range(cfg.n_layers):
         matmul = 2 * s * b * (4 * h * h + 2 * h * f)
         attention = 4 * b * s * s * h
-        rows.append(dict(index=i + 1, name=f"block {i}", kind="block",
+        rows.append(dict(index=i + 1, name=f"block {i + 1}", kind="block",
                          params=block_params, flops=matmul + attention))
     head_params = 2 * h + (0 if cfg.tie_embeddings else v * h)
     rows.append(dict(index=cfg.total_layers - 1, name="head", kind="head",

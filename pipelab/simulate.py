@@ -97,7 +97,12 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
              source: str = "simulated") -> Timeline:
     """Run the schedule on the cost model. `i_frees` is the share of a forward's activations
     that an input-gradient pass I releases (W releases the rest; a full B releases all)."""
-    costs = costs or Costs()
+    costs = Costs() if costs is None else costs
+    if not isinstance(costs, Costs):
+        raise ValueError(f"costs must be a pl.Costs (e.g. pl.Costs(F=1, I=1, W=1)), "
+                         f"got {type(costs).__name__}")
+    if not hasattr(schedule, "execution_order"):
+        raise ValueError(f"schedule must be a pl.Schedule, got {type(schedule).__name__}")
     if not 0.0 <= i_frees <= 1.0:
         raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
     order = schedule.execution_order()     # validates (once per unchanged schedule)

@@ -1,4 +1,5 @@
-"""The simulator against the closed forms of ../shared/FORMULAS.md."""
+"""The simulator against the closed forms of the papers (GPipe §2.3, Megatron SC21 §2.2.1),
+collected with their sources in the project workspace's shared/FORMULAS.md."""
 import json
 
 import pytest
@@ -84,6 +85,8 @@ def test_bad_costs_raise():
     assert pl.Costs(F=numpy.array([1.0, 2.0]), I=(1, 1)).F == [1.0, 2.0]
     with pytest.raises(ValueError, match="per-stage values"):
         pl.simulate(pl.schedule("gpipe", ranks=3, microbatches=2), pl.Costs(F=[1, 1]))
+    with pytest.raises(ValueError, match="costs must be a pl.Costs"):
+        pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), 3)
     with pytest.raises(ValueError, match="i_frees"):
         pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), i_frees=2)
 
