@@ -186,5 +186,5 @@ def plot_sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], met
     ax.set_ylabel(ylabel)
     ax.set_title(f"{name}: simulated (dots)" + (" vs closed form (dashes)" if formula else ""),
                  fontsize=10)
-    ax.legend(fontsize=7, ncol=2)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax
