@@ -47,7 +47,7 @@ def _parser():
     add("--microbatches", type=int, default=8, metavar="M",
         help="microbatches per training step (default: 8)")
     add("--chunks", type=int, default=None, metavar="V",
-        help="stages per rank, for schedules that take it (e.g. interleaved ones)")
+        help="stages per rank, for schedules that take it (interleaved ones; none is registered yet)")
     add("--layers", type=int, default=4, metavar="N",
         help="transformer blocks of the toy GPT; the model also has an embedding and a head "
              "(default: 4)")
@@ -58,7 +58,7 @@ def _parser():
         help="sequences per step, a multiple of --microbatches (default: 2 x microbatches)")
     add("--partition", default="uniform", metavar="METHOD",
         help="how layers are split into stages: uniform, params, cost, or a layout such as "
-             "'E|t*3|t*3|L' (default: uniform)")
+             "'E+t*2|t*2+L' (E embedding, t a block, L the head; default: uniform)")
     add("--steps", type=int, default=1, metavar="K",
         help="training steps with AdamW; the loss history is printed (default: 1)")
     add("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
@@ -80,6 +80,10 @@ def _build(args, ranks: int):
     from .runtime.spec import check_timeout, prepare_run
 
     check_timeout(args.timeout)
+    if args.trace:
+        folder = os.path.dirname(os.path.abspath(args.trace))
+        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+            raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist or is not writable")
     options = {} if args.chunks is None else {"chunks": args.chunks}
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,

@@ -55,6 +55,7 @@ def test_tiny_local_run_prints_the_table_and_writes_a_trace(tmp_path):
     (["--partition", "E|t|L"], "partition"),
     (["--timeout", "-1"], "timeout"),
     (["--microbatches", "many"], "invalid int value"),
+    (["--trace", "/no/such/folder/run.json"], "does not exist or is not writable"),
 ])
 def test_bad_input_is_a_clear_message_and_exit_code_2(args, message):
     out = pipelab(*args, *TINY)

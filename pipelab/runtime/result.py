@@ -67,21 +67,24 @@ class RunResult:
     def table(self) -> str:
         s, spec = self.schedule, self.spec
         stages = " ".join(f"[{a},{b})" for a, b in spec.bounds)
-        lines = [f"{s.name}: {s.ranks} ranks, {s.microbatches} microbatches, stages {stages} "
+        lines = [f"{s.name}: {_count(s.ranks, 'rank', 'ranks')}, "
+                 f"{_count(s.microbatches, 'microbatch', 'microbatches')}, stages {stages} "
                  f"({spec.partition_name}), batch {spec.batch_size} "
-                 f"({spec.rows_per_microbatch} rows per microbatch), {spec.steps} step(s)",
+                 f"({spec.rows_per_microbatch} rows per microbatch), {_count(spec.steps, 'step', 'steps')}",
                  f"{'':22}{'measured':>11}{'replayed':>11}{'simulated':>11}",
                  f"{'makespan (ms)':22}" + "".join(f"{t.makespan * 1e3:11.2f}" for t in self._views()),
                  f"{'bubble fraction':22}" + "".join(f"{t.bubble_fraction():11.3f}" for t in self._views())]
+        which = " (step 1)" if spec.steps > 1 else ""
         if self.reference_loss is not None:
             rel = abs(self.loss - self.reference_loss) / max(abs(self.reference_loss), 1e-12)
-            lines.append(f"loss {self.loss:.6f}  reference {self.reference_loss:.6f}  "
+            lines.append(f"loss{which} {self.loss:.6f}  reference {self.reference_loss:.6f}  "
                          f"(relative difference {rel:.1e})")
             lines.append(f"max grad error {self.max_grad_error:.1e} (relative, vs the unsplit model)")
         else:
-            lines.append(f"loss {self.loss:.6f} (no reference check)")
+            lines.append(f"loss{which} {self.loss:.6f} (no reference check)")
         if len(self.loss_history) > 1:
-            lines.append(f"loss history {self.loss_history[0]:.4f} -> {self.loss_history[-1]:.4f}")
+            lines.append(f"loss history, step 1 -> step {spec.steps}: "
+                         f"{self.loss_history[0]:.4f} -> {self.loss_history[-1]:.4f}")
         ranks = range(s.ranks)
         lines.append(f"{'rank':22}" + "".join(f"{r:>11}" for r in ranks))
         lines.append(f"{'peak activations (MiB)':22}" +
@@ -91,11 +94,16 @@ class RunResult:
         lines.append(f"{'waiting in recv (ms)':22}" +
                      "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
-                     f"caller waited {self.wall_time:.3f} s")
+                     f"the whole run took {self.wall_time:.3f} s as seen by the caller "
+                     f"(commands, all steps, results)")
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return self.table()
+
+
+def _count(n: int, one: str, many: str) -> str:
+    return f"{n} {one if n == 1 else many}"
 
 
 def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
