@@ -38,16 +38,28 @@ def layer_table(cfg: ModelConfig, batch_size: int = 1) -> str:
     return "\n".join(lines)
 
 
-def plot_losses(runs: list[tuple[str, list[float]]], vocab_size: int, ax=None):
-    """Loss curves, the last run highlighted, with the uniform-guess level ln(vocab)."""
+def plot_losses(runs: list[tuple[str, list[float]]], vocab_size: int, ax=None,
+                legend_runs: int = 8):
+    """Loss curves with the uniform-guess level ln(vocab); every run is drawn, the last one bold.
+
+    Earlier runs stay visible, thin and semi-transparent, in their own colours; the legend names
+    the newest `legend_runs` runs and sums up any older ones in one grey entry.
+    """
     import math
 
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 3.5))
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    older = len(runs) - legend_runs
     for i, (label, losses) in enumerate(runs):
         last = i == len(runs) - 1
-        ax.plot(range(1, len(losses) + 1), losses, label=label,
-                linewidth=2 if last else 1, alpha=1 if last else 0.45)
+        if i < older:
+            style = dict(color="gray", linewidth=0.8, alpha=0.35,
+                         label=f"{older} earlier run{'s' if older > 1 else ''}" if i == 0 else None)
+        else:
+            style = dict(color=colors[i % len(colors)], label=label,
+                         linewidth=2 if last else 1, alpha=1 if last else 0.55)
+        ax.plot(range(1, len(losses) + 1), losses, zorder=3 if last else 2, **style)
     ax.axhline(math.log(vocab_size), color="gray", linestyle="--", linewidth=1,
                label=f"uniform guess, ln {vocab_size} = {math.log(vocab_size):.2f}")
     ax.set_xlabel("training step")
@@ -67,7 +79,9 @@ def describe(cfg: ModelConfig) -> str:
 def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads: int = 4):
     """Sliders for depth, width and steps; a button that trains and plots the loss curve.
 
-    Every run is kept and drawn faintly behind the newest, so configurations can be compared.
+    Every run is kept, numbered in the legend ("run 3: 4 layers × 80") and drawn thin behind the
+    newest, so configurations can be compared. Training is deterministic: a configuration trained
+    again retraces an earlier curve exactly, and the legend says which one it repeats.
     The widgets carry CSS classes (pipelab-layers, pipelab-width, pipelab-steps, pipelab-train,
     pipelab-info, pipelab-plot) that the browser test uses to find them.
     """
@@ -94,6 +108,7 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
     plot = w.Output()
     plot.add_class("pipelab-plot")
     runs: list[tuple[str, list[float]]] = []
+    seen: dict[tuple[int, int, int], int] = {}     # (layers, width, steps) -> first run number
 
     def on_train(_button) -> None:
         button.disabled = True
@@ -104,15 +119,22 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
                 start = time.perf_counter()
                 losses = train(cfg, steps=n_steps, progress=True)
                 elapsed = time.perf_counter() - start
-                runs.append((f"{cfg.n_layers} layers × {cfg.d_model}", losses))
+                number = len(runs) + 1
+                key = (cfg.n_layers, cfg.d_model, n_steps)
+                label = f"run {number}: {cfg.n_layers} layers × {cfg.d_model}"
+                if key in seen:
+                    label += f" (same as run {seen[key]})"
+                else:
+                    seen[key] = number
+                runs.append((label, losses))
                 plot.clear_output(wait=True)
-                fig = plot_losses(runs[-5:], cfg.vocab_size)
+                fig = plot_losses(runs, cfg.vocab_size)
                 display(fig)
                 plt.close(fig)
                 tail = sum(losses[-10:]) / len(losses[-10:])
                 print(f"trained {cfg.n_layers} layers × width {cfg.d_model} for {n_steps} steps "
                       f"in {elapsed:.1f} s: loss {losses[0]:.2f} → {tail:.2f} "
-                      f"(mean of the last 10 steps)")
+                      f"(mean of the last 10 steps); {label}")
         finally:
             button.disabled = False
 
