@@ -25,6 +25,7 @@ from .spec import check_timeout, prepare_run
 from .watchdog import diagnose
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
+DEATH_GRACE = 0.5      # seconds to let a killed worker's exit show before blaming a survivor
 
 
 @atexit.register
@@ -154,6 +155,9 @@ class LocalCluster:
                         bar.update(1)
                         bar.set_postfix(loss=f"{message[3]:.3f}", refresh=False)
                     elif kind == "error":
+                        # A dead peer makes the survivors fail in gloo ("connection closed by
+                        # peer"); report the death, the cause, when there is one.
+                        self._check_deaths(spec, grace=DEATH_GRACE)
                         raise self._worker_error(rank, message[2], spec)
                 self._check_deaths(spec)
                 states = pool.board.read()
@@ -188,7 +192,11 @@ class LocalCluster:
         return WorkerError(f"rank {rank} raised {last}{where}.\nWorker traceback:\n{text}",
                            rank, action, traceback=text)
 
-    def _check_deaths(self, spec) -> None:
+    def _check_deaths(self, spec, grace: float = 0.0) -> None:
+        """Raise WorkerError if a worker has died (waiting up to `grace` s for one to be reaped)."""
+        deadline = time.perf_counter() + grace
+        while grace and self._pool.alive() and time.perf_counter() < deadline:
+            time.sleep(0.02)
         try:
             self._pool.check_alive()
         except WorkerError as err:
