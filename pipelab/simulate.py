@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 from .schedules.actions import Action
 from .schedules.gcpause import without_gc
+from .schedules.validate import timed_run
 from .timeline import Event, Timeline
 
 Cost = float | Sequence[float]
@@ -106,29 +107,12 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     if not 0.0 <= i_frees <= 1.0:
         raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
     order = schedule.execution_order()     # validates (once per unchanged schedule)
-    place, comm = schedule.placement, costs.comm
-    model_cost: dict[tuple[str, int], float] = {}
     unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
-    end: dict[Action, float] = {}
-    free = [0.0] * schedule.ranks
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
-    measured = costs.per_action or {}
     released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}     # share of a forward's activations
-    for rank, action, deps in order:
-        start = free[rank]
-        for dep in deps:
-            arrival = end[dep] + (comm if place[dep.stage] != rank else 0.0)
-            if arrival > start:
-                start = arrival
-        duration = measured.get(action) if measured else None
-        if duration is None:
-            key = (action.kind, action.stage)
-            duration = model_cost.get(key)
-            if duration is None:
-                duration = model_cost[key] = costs.duration(action)
-        finish = start + duration
-        end[action] = free[rank] = finish
+    timed = timed_run(order, schedule.placement, _cached_durations(costs), costs.comm)
+    for rank, action, start, finish in timed:
         events.append(_new(Event, (rank, action, start, finish, None)))
         kind = action[1]
         if kind == "F":
@@ -137,6 +121,21 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
             deltas[rank].append((finish, -unit[rank] * released[kind]))
     return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
                     memory_unit="microbatch-stages", title=schedule.name, time_unit=costs.unit)
+
+
+def _cached_durations(costs: Costs):
+    """`costs.duration`, computed once per (kind, stage) unless measured per action."""
+    measured = costs.per_action or {}
+    model_cost: dict[tuple[str, int], float] = {}
+
+    def duration(action: Action) -> float:
+        if measured and action in measured:
+            return measured[action]
+        key = (action.kind, action.stage)
+        if key not in model_cost:
+            model_cost[key] = costs.duration(action)
+        return model_cost[key]
+    return duration
 
 
 def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:

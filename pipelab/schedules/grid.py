@@ -9,19 +9,14 @@ def unit_steps(schedule) -> list[list[int]] | None:
 
     This lines the ranks up the way the papers draw them, with the bubbles as empty cells.
     """
-    from .validate import execution_order
+    from .validate import execution_order, timed_run
     try:
         order = execution_order(schedule)
     except Exception:
         return None
-    step_of: dict = {}
-    free = [0] * schedule.ranks
     steps: list[list[int]] = [[] for _ in schedule.actions]
-    for rank, action, deps in order:
-        start = max([free[rank]] + [step_of[d] + 1 for d in deps])
-        step_of[action] = start
-        steps[rank].append(start)
-        free[rank] = start + 1
+    for rank, _action, start, _end in timed_run(order, schedule.placement, lambda a: 1):
+        steps[rank].append(int(start))
     return steps
 
 

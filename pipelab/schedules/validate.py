@@ -169,6 +169,24 @@ def execution_order(s) -> list[tuple[int, Action, list[Action]]]:
     return order
 
 
+def timed_run(order, placement, duration, comm: float = 0.0):
+    """Yield (rank, action, start, end) along an execution order: each rank runs its actions in
+    order, and an action starts once its inputs have arrived (+`comm` when they cross ranks).
+
+    The simulator runs this with its cost model; the grid with one step per action."""
+    end: dict[Action, float] = {}
+    free: dict[int, float] = defaultdict(float)
+    for rank, action, deps in order:
+        start = free[rank]
+        for dep in deps:
+            arrival = end[dep] + (comm if placement[dep.stage] != rank else 0.0)
+            if arrival > start:
+                start = arrival
+        finish = start + duration(action)
+        end[action] = free[rank] = finish
+        yield rank, action, start, finish
+
+
 def _explain_deadlock(s, position, stuck) -> str:
     where = {a: (r, i) for r, acts in enumerate(s.actions) for i, a in enumerate(acts)}
     done = {a for r, acts in enumerate(s.actions) for a in acts[:position[r]]}
