@@ -145,10 +145,15 @@ def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
 
 
 def build_layers(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
-    """Layers [start, stop) of the flat list, with the same weights they have in ToyGPT(cfg)."""
+    """Layers [start, stop) of the flat list, with the same weights they have in ToyGPT(cfg).
+
+    With tie_embeddings, the head shares the embedding's weight when the slice holds both."""
     if not 0 <= start < stop <= cfg.total_layers:
         raise ValueError(f"need 0 <= start < stop <= {cfg.total_layers}, got start={start}, stop={stop}")
-    return nn.Sequential(*(build_layer(cfg, i) for i in range(start, stop)))
+    layers = nn.Sequential(*(build_layer(cfg, i) for i in range(start, stop)))
+    if cfg.tie_embeddings and start == 0 and stop == cfg.total_layers:
+        layers[-1].out.weight = layers[0].tok.weight
+    return layers
 
 
 def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -162,9 +167,7 @@ class ToyGPT(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.layers = nn.ModuleList(build_layer(cfg, i) for i in range(cfg.total_layers))
-        if cfg.tie_embeddings:
-            self.layers[-1].out.weight = self.layers[0].tok.weight
+        self.layers = nn.ModuleList(build_layers(cfg, 0, cfg.total_layers))
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = idx

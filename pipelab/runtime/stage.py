@@ -15,20 +15,12 @@ from ..model import ModelConfig, build_layers
 from ..schedules import Action
 
 
-def build_stage(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
-    """Layers [start, stop); ties the head to the embedding when one stage holds both."""
-    module = build_layers(cfg, start, stop)
-    if cfg.tie_embeddings and start == 0 and stop == cfg.total_layers:
-        module[-1].out.weight = module[0].tok.weight
-    return module
-
-
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
     def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
         self.bounds = bounds
-        self.modules = {s: build_stage(cfg, *bounds[s]) for s in stages}
+        self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for module in self.modules.values() for p in module.parameters()]
