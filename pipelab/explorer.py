@@ -1,7 +1,8 @@
-"""Interactive schedule explorer for the notebooks: sliders in, simulated Gantt chart out.
+"""Interactive explorers for the notebooks: sliders in, simulated Gantt chart or stage balance out.
 
-Everything drawn here is *simulated* from the cost model; live runs are drawn by the runtime's
-results with the same plotting functions.
+The schedule explorer draws *simulated* timelines; the balance explorer draws the FLOP model, or
+measured layer times when given. Live runs are drawn from the runtime's results with the same
+plotting functions.
 """
 from __future__ import annotations
 
@@ -70,3 +71,25 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
                   w.HBox([controls["backward_ratio"], controls["comm"]]), out])
     display(box)
     return box
+
+
+def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int | None = None):
+    """A slider for the number of stages and a dropdown for the method, redrawing the balance.
+
+    Returns the widget (display it, or leave it as a cell's last expression).
+    """
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from .partition import METHODS, partition
+    stages = widgets.IntSlider(value=min(4, cfg.total_layers), min=1,
+                               max=max_stages or cfg.total_layers, description="stages")
+    method = widgets.Dropdown(options=METHODS, value="cost", description="method")
+
+    def draw(stages: int, method: str) -> None:
+        parts = partition(cfg, stages, method, batch_size=batch_size, layer_times=layer_times)
+        parts.plot()
+        plt.show()
+        print(parts.table())
+
+    out = widgets.interactive_output(draw, {"stages": stages, "method": method})
+    return widgets.VBox([widgets.HBox([stages, method]), out])

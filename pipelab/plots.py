@@ -144,28 +144,6 @@ def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
     return axes
 
 
-def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int | None = None):
-    """A slider for the number of stages and a dropdown for the method, redrawing the balance.
-
-    Returns the widget (display it, or leave it as a cell's last expression).
-    """
-    import ipywidgets as widgets
-    import matplotlib.pyplot as plt
-    from .partition import METHODS, partition
-    stages = widgets.IntSlider(value=min(4, cfg.total_layers), min=1,
-                               max=max_stages or cfg.total_layers, description="stages")
-    method = widgets.Dropdown(options=METHODS, value="cost", description="method")
-
-    def draw(stages: int, method: str) -> None:
-        parts = partition(cfg, stages, method, batch_size=batch_size, layer_times=layer_times)
-        parts.plot()
-        plt.show()
-        print(parts.table())
-
-    out = widgets.interactive_output(draw, {"stages": stages, "method": method})
-    return widgets.VBox([widgets.HBox([stages, method]), out])
-
-
 def plot_sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric,
                ylabel: str, formula=None, ax=None, costs=None):
     """A simulated metric (a function of a Timeline) against microbatches, a line per depth p.

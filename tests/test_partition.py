@@ -233,7 +233,7 @@ def test_plots_run_and_are_labelled() -> None:
 
 def test_balance_explorer_redraws(capsys) -> None:
     import matplotlib.pyplot as plt
-    from pipelab.plots import balance_explorer
+    from pipelab.explorer import balance_explorer
     box = balance_explorer(cfg(4))
     slider, dropdown = box.children[0].children
     assert (slider.min, slider.max) == (1, 6) and tuple(dropdown.options) == ("uniform", "params", "cost")
