@@ -13,7 +13,8 @@ from typing import Mapping, Sequence
 
 from .schedules.actions import Action
 from .schedules.gcpause import without_gc
-from .schedules.validate import timed_run
+from .schedules.graph import timed_run
+from .schedules.kinds import KIND_SPECS
 from .timeline import Event, Timeline
 
 Cost = float | Sequence[float]
@@ -22,10 +23,13 @@ _new = tuple.__new__     # builds an Event without the named tuple's slower cons
 
 @dataclass
 class Costs:
-    """Time of one microbatch's action on one stage. A full backward B costs I + W.
+    """Time of one microbatch's action on one stage: a table by kind and stage.
 
-    Each of F, I, W is one number for every stage, or a sequence with one number per stage.
-    `per_action` (measured seconds per action, as in a replay) overrides the model.
+    Each of F, I, W (and B, and any other kind in `kinds`) is one number for every stage, or a
+    sequence with one number per stage. A full backward B costs I + W unless given; a compound
+    step costs the sum of its parts; a kind missing from the table uses the cost rule it was
+    registered with, or is an error naming it. `per_action` (measured seconds per action, as
+    in a replay) overrides the model.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -33,18 +37,18 @@ class Costs:
     comm: float = 0.0
     per_action: Mapping[Action, float] | None = None
     unit: str = "units"
+    B: Cost | None = None
+    kinds: Mapping[str, Cost] | None = None
 
     def __post_init__(self) -> None:
-        for name in ("F", "I", "W", "comm"):
-            value = getattr(self, name)
-            per_stage = name != "comm" and not isinstance(value, str) and hasattr(value, "__len__")
-            values = list(value) if per_stage else [value]
-            if not all(_is_time(v) for v in values):
-                raise ValueError(f"Costs.{name} must be a finite number >= 0"
-                                 f"{' (one number, or one per stage)' if name != 'comm' else ''}, "
-                                 f"got {value!r}")
-            if per_stage:       # a list whatever came in (a tuple, a numpy array): `of` indexes it
-                setattr(self, name, [float(v) for v in values])
+        self.kinds = dict(self.kinds or {})
+        for name in ("F", "I", "W", "B"):
+            if name == "B" and self.B is None:
+                continue
+            setattr(self, name, _checked(name, getattr(self, name)))
+        self.comm = _checked("comm", self.comm, per_stage=False)
+        for kind, value in self.kinds.items():
+            self.kinds[kind] = _checked(f"kinds[{kind!r}]", value)
 
     @classmethod
     def from_backward(cls, F: float = 1.0, B: float = 2.0, comm: float = 0.0, **kw) -> "Costs":
@@ -53,23 +57,43 @@ class Costs:
 
     @classmethod
     def fit(cls, timeline, stages: int, comm: float = 0.0) -> "Costs":
-        """The per-stage cost model a measured timeline implies: median time of each kind on
-        each stage (CPU time where it was recorded). A full B is split evenly into I and W."""
+        """The per-stage cost model a measured timeline implies: the median time of each kind on
+        each stage (CPU time where it was recorded). Each kind is fitted from its own samples:
+        I and W from split backwards, B from full ones; where a stage only ran full backwards,
+        I and W are half of its B each. Compound steps are not split into their parts."""
         from statistics import median
         samples: dict[tuple[str, int], list[float]] = {}
         for e in timeline.events:
+            if len(e.action.parts) != 1:
+                continue
             took = e.cpu if e.cpu is not None else e.duration
             samples.setdefault((e.action.kind, e.action.stage), []).append(took)
 
-        def per_stage(kind: str) -> list[float]:
-            return [median(samples[(kind, s)]) if (kind, s) in samples else 0.0 for s in range(stages)]
+        def per_stage(kind: str) -> list[float | None]:
+            return [median(samples[(kind, s)]) if (kind, s) in samples else None
+                    for s in range(stages)]
 
         forward, full, grad_in, grad_w = (per_stage(k) for k in "FBIW")
-        return cls(F=forward, I=[b / 2 + i for b, i in zip(full, grad_in)],
-                   W=[b / 2 + w for b, w in zip(full, grad_w)], comm=comm, unit=timeline.time_unit)
+        split_in = [i if i is not None else (b / 2 if b is not None else 0.0)
+                    for i, b in zip(grad_in, full)]
+        split_w = [w if w is not None else (b / 2 if b is not None else 0.0)
+                   for w, b in zip(grad_w, full)]
+        others = {k for k, _s in samples} - set("FBIW")
+        return cls(F=[f or 0.0 for f in forward], I=split_in, W=split_w, comm=comm,
+                   unit=timeline.time_unit,
+                   B=[b if b is not None else i + w for b, i, w in zip(full, split_in, split_w)]
+                   if any(b is not None for b in full) else None,
+                   kinds={k: [v or 0.0 for v in per_stage(k)] for k in sorted(others)})
 
     def of(self, kind: str, stage: int) -> float:
-        value = getattr(self, kind)
+        """The cost of one `kind` action on `stage`."""
+        value = getattr(self, kind) if kind in ("F", "I", "W", "B") else self.kinds.get(kind)
+        if value is None:
+            spec = KIND_SPECS.get(kind)
+            if spec is None or spec.cost is None:
+                raise ValueError(f"no cost for action kind {kind!r}: give it in the table, e.g. "
+                                 f"pl.Costs(kinds={{{kind!r}: 1.0}}), or use per_action")
+            return spec.cost(self, stage)
         if isinstance(value, list):
             if stage >= len(value):
                 raise ValueError(f"Costs.{kind} has {len(value)} per-stage values, "
@@ -77,14 +101,21 @@ class Costs:
             return float(value[stage])
         return float(value)
 
-    def duration(self, action: Action) -> float:
+    def duration(self, action) -> float:
+        """Time of one step: an action, or the sum of a compound's parts."""
         if self.per_action is not None and action in self.per_action:
             return self.per_action[action]
-        if action.kind == "B":
-            return self.of("I", action.stage) + self.of("W", action.stage)
-        if action.kind in ("F", "I", "W"):
-            return self.of(action.kind, action.stage)
-        raise ValueError(f"no cost for action kind {action.kind!r}; use per_action")
+        return sum(self.of(part[1], part[0]) for part in action.parts)
+
+
+def _checked(name: str, value, per_stage: bool = True):
+    """A cost as the table keeps it: a float, or a list of floats (any sequence comes in)."""
+    many = per_stage and not isinstance(value, str) and hasattr(value, "__len__")
+    values = list(value) if many else [value]
+    if not all(_is_time(v) for v in values):
+        raise ValueError(f"Costs.{name} must be a finite number >= 0"
+                         f"{' (one number, or one per stage)' if per_stage else ''}, got {value!r}")
+    return [float(v) for v in values] if many else value
 
 
 def _is_time(value) -> bool:
@@ -110,17 +141,22 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
-    released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}     # share of a forward's activations
-    timed = timed_run(order, schedule.placement, _cached_durations(costs), costs.comm)
-    for rank, action, start, finish in timed:
-        events.append(_new(Event, (rank, action, start, finish, None)))
-        kind = action[1]
-        if kind == "F":
-            deltas[rank].append((start, unit[rank]))
-        elif released.get(kind):
-            deltas[rank].append((finish, -unit[rank] * released[kind]))
-    return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
-                    memory_unit="microbatch-stages", title=schedule.name, time_unit=costs.unit)
+    # Share of one forward's activations each kind adds (+) or releases (−): the kind specs,
+    # with I and W split as `i_frees` says.
+    effect = {kind: spec.memory for kind, spec in KIND_SPECS.items() if spec.memory}
+    effect["I"], effect["W"] = -i_frees, -(1.0 - i_frees)
+    timed = timed_run(order, _cached_durations(costs), costs.comm)
+    for rank, item, start, finish in timed:
+        events.append(_new(Event, (rank, item, start, finish, None)))
+        for part in item.parts:
+            change = effect.get(part[1])
+            if change:
+                deltas[rank].append((start if change > 0 else finish, change * unit[rank]))
+    timeline = Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
+                        memory_unit="microbatch-stages", title=schedule.name,
+                        time_unit=costs.unit)
+    timeline.schedule, timeline.comm = schedule, costs.comm
+    return timeline
 
 
 def _cached_durations(costs: Costs):
@@ -131,7 +167,7 @@ def _cached_durations(costs: Costs):
     def duration(action: Action) -> float:
         if measured and action in measured:
             return measured[action]
-        key = (action.kind, action.stage)
+        key = (action.kind, action.stage) if len(action.parts) == 1 else action
         if key not in model_cost:
             model_cost[key] = costs.duration(action)
         return model_cost[key]

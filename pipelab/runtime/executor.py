@@ -1,10 +1,11 @@
 """One rank's part of a pipeline run: its actions in order, with the messages around them.
 
 The executor knows nothing about particular schedules or action kinds. For each `Step` of the
-communication plan (derived from the schedule, never written by hand) it receives what the
-step waits for, runs the action's handler, and posts the sends. It records, per action, the
+communication plan (derived from the schedule's dataflow graph, never written by hand) it
+receives what the step waits for, hands each action its inputs (from messages, or from a stage
+on this rank), runs the action's handler, and posts the sends. It records, per step, the
 wall-clock span (receive wait excluded, kept separately), thread CPU time and live activation
-bytes after the action. The same function runs in a LocalCluster worker and under torchrun.
+bytes after it. The same function runs in a LocalCluster worker and under torchrun.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ import torch.distributed as dist
 from ..data import get_batch
 from ..model import ModelConfig, ToyGPT, loss_fn
 from ..schedules import comm_plan
-from ..schedules.comm import consumers
 from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
 from .handlers import HANDLERS
+from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
 from .stage import RankStages, StepState
@@ -34,14 +35,15 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     """
     board = board or NoBoard()
     board.set(rank, 0, 0, SETUP)
+    import_plugins(spec.plugins)       # kinds and handlers defined outside pipelab
     sched = spec.schedule
     plan = comm_plan(sched)[rank]
+    wiring = _wiring(spec, plan)
+    for members in collective_groups(sched):     # every rank makes every group, in one order
+        process_group(members)
     stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(rank))
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
-    # Outputs consumed by another stage on this same rank are handed over in memory.
-    keep_local = [any(sched.rank_of(c.stage) == rank for c in consumers(sched, step.action))
-                  for step in plan]
     holds_loss = sched.rank_of(sched.stages - 1) == rank
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
     report = {"rank": rank, "pid": os.getpid(), "steps": [], "grads": None}
@@ -52,7 +54,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state = StepState(sched, stages, inputs, targets, meter)
         board.set(rank, k, 0, SYNC)
         dist.barrier()                 # every rank starts the step together: one time origin
-        report["steps"].append(_run_step(spec, rank, k, plan, keep_local, state, board))
+        report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
         if k == 0 and spec.check:
             report["grads"] = stages.gradients()
         if notify is not None and holds_loss:
@@ -91,42 +93,79 @@ def _stall(action) -> None:
         time.sleep(0.5)
 
 
-def _run_step(spec: RunSpec, rank: int, k: int, plan, keep_local, state: StepState, board) -> dict:
-    shape = spec.boundary_shape()
+def _wiring(spec: RunSpec, plan) -> list:
+    """Per step: (the receive shapes, and per part its handler and its inputs as (name, source)
+    pairs, where source is ("recv", key) or ("local", producer)). Computed once per run."""
+    sched = spec.schedule
+    wiring = []
+    for step in plan:
+        received = {(t.consumer, t.name) for t in step.recv}
+        parts = []
+        for part in step.action.parts:
+            sources = []
+            for name, producer, carries in sched.inputs(part):
+                if carries:
+                    key = (part, name)
+                    sources.append((name, ("recv", key) if key in received else ("local", producer)))
+            parts.append((part, HANDLERS[part.kind].run, sources))
+        shapes = [_shape(spec, t.producer) for t in step.recv]
+        wiring.append((shapes, parts))
+    return wiring
+
+
+def _shape(spec: RunSpec, producer) -> tuple:
+    """Shape and dtype of what `producer` sends: its handler says, or the stage boundary's."""
+    custom = HANDLERS[producer.kind].output
+    return custom(spec, producer) if custom is not None else (spec.boundary_shape(), torch.float32)
+
+
+def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, board) -> dict:
     stall, fail, drop = (spec.inject.get(key) for key in ("stall", "raise", "drop"))
     clock, cpu_clock = time.perf_counter, time.thread_time
     actions, recvs, pending = [], [], []
     begin = clock()
     memory = [(begin, state.meter.live)]
-    posted = [p2p.post_recv(t, shape) for t in plan[0].recv] if plan else []
+    arrived: dict = {}
+    posted = _post(plan[0], wiring[0]) if plan else []
     for i, step in enumerate(plan):
-        a = step.action
+        item = step.action
         waited_from = clock()
         for j, (transfer, (handle, buffer)) in enumerate(zip(step.recv, posted)):
             board.set(rank, k, i, RECV, j)
             t = clock()
             handle.wait()
-            state.received[transfer.producer] = buffer
-            recvs.append((transfer.producer, a, transfer.src, t, clock()))
+            arrived[(transfer.consumer, transfer.name)] = buffer
+            recvs.append((transfer.producer, item, transfer.src, t, clock()))
         # Post the next step's receives before computing: never blocks, hides the transfer.
-        posted = [p2p.post_recv(t, shape) for t in plan[i + 1].recv] if i + 1 < len(plan) else []
+        posted = _post(plan[i + 1], wiring[i + 1]) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         cpu0, start = cpu_clock(), clock()
-        if a == stall:
-            _stall(a)
-        if a == fail:
-            raise RuntimeError(f"injected failure in {a} (the _inject test hook)")
-        out = HANDLERS[a.kind](state, a)
-        end, cpu = clock(), cpu_clock() - cpu0
-        if out is not None:
-            if keep_local[i]:
-                state.local[a] = out
-            if a != drop:
+        if item == stall:
+            _stall(item)
+        if item == fail:
+            raise RuntimeError(f"injected failure in {item} (the _inject test hook)")
+        for part, run, sources in wiring[i][1]:
+            inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
+                      for name, (where, key) in sources}
+            out = run(state, part, inputs)
+            if out is None:
+                continue
+            readers = step.keep.get(part)
+            if readers:
+                state.local[part] = [out, readers]
+            if part != drop:
                 for transfer in step.send:
-                    p2p.send(transfer, out, pending)
-        actions.append((i, a, waited_from, start, end, cpu, state.meter.live))
+                    if transfer.producer == part:
+                        p2p.send(transfer, out, pending)
+        end, cpu = clock(), cpu_clock() - cpu0
+        actions.append((i, item, waited_from, start, end, cpu, state.meter.live))
         memory.append((end, state.meter.live))
     board.set(rank, k, len(plan), SENDS)
     p2p.wait_all(pending)
     return {"begin": begin, "actions": actions, "recvs": recvs, "memory": memory,
             "losses": dict(state.losses), "peak": state.meter.peak}
+
+
+def _post(step, wires) -> list:
+    shapes = wires[0]
+    return [p2p.post_recv(t, shape, dtype) for t, (shape, dtype) in zip(step.recv, shapes)]

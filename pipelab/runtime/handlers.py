@@ -1,12 +1,16 @@
-"""What each action kind computes. The executor looks handlers up by kind, so a later issue
-adds a kind (a fused F&B, a vocabulary pass, an all-to-all) by registering one handler.
+"""What each action kind computes. The executor looks handlers up by kind, so a later chapter
+adds a kind (a vocabulary pass, an all-to-all, a recomputation) by registering one handler
+next to its `register_kind`.
 
-A handler gets the step state and the action, takes its inputs with `state.take(producer)`,
-and returns what it produces for other stages (a tensor, or None); the executor sends it to
-every consumer the communication plan lists.
+A handler gets the step state, the action and its inputs — a dict from input name (as the
+kind spec names its edges: "x", "grad", …) to the tensor that arrived from another rank or was
+handed over by a stage on this rank — and returns what it produces for other actions (a
+tensor, or None). The executor sends that to every consumer the communication plan lists.
 """
 from __future__ import annotations
 
+import inspect
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
@@ -15,23 +19,38 @@ from ..model import loss_fn
 from ..schedules import Action
 from .stage import StepState
 
-Handler = Callable[[StepState, Action], "torch.Tensor | None"]
-HANDLERS: dict[str, Handler] = {}
+Handler = Callable[[StepState, Action, dict], "torch.Tensor | None"]
+# (run spec, producing action) -> (shape, dtype) of what it sends; None: the stage boundary's
+OutputShape = Callable[[object, Action], tuple[tuple[int, ...], torch.dtype]]
 
 
-def register_handler(kind: str) -> Callable[[Handler], Handler]:
-    """Decorator: `@register_handler("F")` makes the function run every `F` action."""
+@dataclass(frozen=True)
+class HandlerSpec:
+    run: Handler
+    output: OutputShape | None = None
+    module: str = "pipelab"          # the workers import it from there
+
+
+HANDLERS: dict[str, HandlerSpec] = {}
+
+
+def register_handler(kind: str, output: OutputShape | None = None) -> Callable[[Handler], Handler]:
+    """Decorator: `@register_handler("F")` makes the function run every `F` action.
+
+    `output(spec, action)` gives the shape and dtype of what the kind sends, when that is not
+    the stage boundary's (rows, seq_len, d_model) float32."""
     def add(handler: Handler) -> Handler:
-        HANDLERS[kind] = handler
+        module = getattr(handler, "__module__", None) or inspect.getmodule(handler).__name__
+        HANDLERS[kind] = HandlerSpec(handler, output, module)
         return handler
     return add
 
 
 @register_handler("F")
-def forward(state: StepState, a: Action) -> torch.Tensor | None:
+def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     s, mb = a.stage, a.microbatch
     x, y = state.microbatches[mb]
-    inp = x if s == 0 else state.take(Action(s - 1, "F", mb)).requires_grad_()
+    inp = inputs["x"].requires_grad_() if "x" in inputs else x
     with state.meter.saving():
         out = state.module(s)(inp)
         if s == state.last_stage:
@@ -43,22 +62,20 @@ def forward(state: StepState, a: Action) -> torch.Tensor | None:
 
 
 @register_handler("B")
-def backward(state: StepState, a: Action) -> torch.Tensor | None:
+def backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     """Full backward: gradient of the stage input (sent back) and of the weights (accumulated)."""
-    s, mb = a.stage, a.microbatch
-    inp, out = state.saved.pop((s, mb))
+    inp, out = state.saved.pop((a.stage, a.microbatch))
     # The last stage's output is the scaled loss: its backward starts from 1, not a message.
-    grad = None if s == state.last_stage else state.take(state.grad_producer(s + 1, mb))
-    torch.autograd.backward(out, grad)
-    return inp.grad if s > 0 else None
+    torch.autograd.backward(out, inputs.get("grad"))
+    return inp.grad if a.stage > 0 else None
 
 
 @register_handler("I")
-def input_backward(state: StepState, a: Action) -> torch.Tensor | None:
+def input_backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     """Input-gradient half: d loss / d input, keeping the graph for the weight half (W)."""
     s, mb = a.stage, a.microbatch
     inp, out = state.saved[(s, mb)]
-    grad = None if s == state.last_stage else state.take(state.grad_producer(s + 1, mb))
+    grad = inputs.get("grad")
     state.output_grads[(s, mb)] = grad
     if s == 0:                     # token ids have no gradient: nothing to do until W
         return None
@@ -67,7 +84,7 @@ def input_backward(state: StepState, a: Action) -> torch.Tensor | None:
 
 
 @register_handler("W")
-def weight_backward(state: StepState, a: Action) -> None:
+def weight_backward(state: StepState, a: Action, inputs: dict) -> None:
     """Weight-gradient half: walks the graph kept by I again, into the parameters only.
 
     This recomputes the intermediate gradients I already computed (an honest but not optimal

@@ -13,6 +13,7 @@ from ..data import VOCAB_SIZE
 from ..model import ModelConfig
 from ..partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
+from .plugins import plugins_for
 
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
 INJECTIONS = ("stall", "raise", "drop")
@@ -30,6 +31,7 @@ class RunSpec:
     check: bool = True                   # ship step-0 gradients back for the reference check
     partition_name: str = "uniform"
     inject: dict[str, Action] = field(default_factory=dict)
+    plugins: tuple[str, ...] = ()        # modules defining the schedule's non-pipelab kinds
 
     @property
     def rows_per_microbatch(self) -> int:
@@ -69,7 +71,7 @@ def _injections(schedule: Schedule, inject) -> dict[str, Action]:
     for key, value in (inject or {}).items():
         if key not in INJECTIONS:
             raise ValueError(f"_inject: unknown key {key!r}; use {', '.join(INJECTIONS)}")
-        action = value if isinstance(value, Action) else Action.parse(str(value))
+        action = value if isinstance(value, tuple) else Action.parse(str(value))
         if not any(action in acts for acts in schedule.actions):
             raise ValueError(f"_inject: {action} is not an action of this schedule")
         out[key] = action
@@ -99,11 +101,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
-    from .handlers import HANDLERS
-    unknown = sorted({a.kind for acts in schedule.actions for a in acts} - set(HANDLERS))
-    if unknown:
-        raise ValueError(f"schedule: the runtime has no handler for action kind(s) {unknown}; "
-                         f"register one with pipelab.runtime.register_handler")
+    plugins = plugins_for(schedule)
     bounds, method = _bounds(cfg, schedule.stages, partition)
     m = schedule.microbatches
     batch_size = 2 * m if batch_size is None else positive_int("batch_size", batch_size)
@@ -114,4 +112,4 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     positive_int("steps", steps)
     positive_number("lr", lr)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, _injections(schedule, inject))
+                   method, _injections(schedule, inject), plugins)

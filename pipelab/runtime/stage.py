@@ -58,19 +58,16 @@ class StepState:
         self.meter = meter
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (s, mb) -> (in, out)
         self.output_grads: dict[tuple[int, int], torch.Tensor | None] = {}       # kept from I for W
-        self.received: dict[Action, torch.Tensor] = {}    # messages for the current action
-        self.local: dict[Action, torch.Tensor] = {}       # outputs consumed by a stage on this rank
-        self.losses: dict[int, float] = {}                # per microbatch, unscaled
+        self.local: dict[Action, list] = {}      # outputs read by later steps here: [tensor, readers left]
+        self.losses: dict[int, float] = {}       # per microbatch, unscaled
 
     def module(self, stage: int) -> nn.Sequential:
         return self.stages.modules[stage]
 
-    def grad_producer(self, stage: int, mb: int) -> Action:
-        """The action whose output is the gradient of `stage`'s input (its B, or its I)."""
-        return self.schedule.input_grad_action(stage, mb)
-
-    def take(self, producer: Action) -> torch.Tensor:
-        """The output of `producer`: received from another rank, or left here by a local stage."""
-        if producer in self.received:
-            return self.received.pop(producer)
-        return self.local.pop(producer)
+    def take_local(self, producer: Action) -> torch.Tensor:
+        """An output a stage on this rank left for a later step (kept until its last reader)."""
+        entry = self.local[producer]
+        entry[1] -= 1
+        if entry[1] == 0:
+            del self.local[producer]
+        return entry[0]

@@ -7,8 +7,28 @@ is the one named.
 """
 from __future__ import annotations
 
+from ..schedules.graph import members_of
+from ..schedules.kinds import KIND_SPECS
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, RankState
 from .errors import PipelineTimeout
+
+
+def _collective(state: RankState, plan):
+    """The collective step a running rank is in, or None."""
+    if state.state != RUN or state.position >= len(plan[state.rank]):
+        return None
+    item = plan[state.rank][state.position].action
+    return item if KIND_SPECS[item.parts[0].kind].members is not None else None
+
+
+def _absent_member(states: list[RankState], item, schedule, plan):
+    """A member rank of a collective that has not reached it (None if all are there)."""
+    for member in members_of(schedule, item.parts[0]):
+        other = states[member]
+        index = next((i for i, s in enumerate(plan[member]) if s.action == item), None)
+        if other.state != DONE and index is not None and other.position < index:
+            return other
+    return None
 
 
 def _transfer(state: RankState, plan):
@@ -16,7 +36,7 @@ def _transfer(state: RankState, plan):
 
 
 def _already_ran(sender: RankState, producer, plan, step: int) -> bool:
-    index = next(i for i, s in enumerate(plan[sender.rank]) if s.action == producer)
+    index = next(i for i, s in enumerate(plan[sender.rank]) if producer in s.action.parts)
     return sender.step > step or sender.state in (SENDS, DONE) or \
         (sender.step == step and sender.position > index)
 
@@ -28,6 +48,10 @@ def describe(state: RankState, plan, now: float) -> str:
         t = _transfer(state, plan)
         return (f"rank {r} waits in {acts[state.position].action} (its step {state.position}) "
                 f"for the {t.what} {t.producer}->{t.consumer} from rank {t.src}, for {dt:.1f} s")
+    if state.state == RUN and _collective(state, plan) is not None:
+        item = acts[state.position].action
+        return (f"rank {r} waits in {item} ({KIND_SPECS[item.kind].description}, a collective), "
+                f"its step {state.position}, for {dt:.1f} s")
     if state.state == RUN:
         return (f"rank {r} is running {acts[state.position].action} (its step {state.position}) "
                 f"for {dt:.1f} s: computing, not waiting for a message")
@@ -44,16 +68,29 @@ def diagnose(states: list[RankState], schedule, plan, timeout: float,
     if not stuck:
         return None
     start = min(stuck, key=lambda s: s.since)
-    chain, culprit, lost = [], start, None
-    while culprit.state == RECV and culprit.rank not in chain:
+    chain, culprit, lost, absent_from, cycle = [], start, None, None, False
+    while True:
+        if culprit.rank in chain:
+            cycle = True
+            break
         chain.append(culprit.rank)
+        item = _collective(culprit, plan)
+        if item is not None:          # in a collective: blame a member that never came
+            other = _absent_member(states, item, schedule, plan)
+            if other is None:
+                break
+            absent_from = (culprit.rank, item, other.rank)
+            culprit = other
+            continue
+        if culprit.state != RECV:
+            break
         transfer = _transfer(culprit, plan)
         sender = states[transfer.src]
         if _already_ran(sender, transfer.producer, plan, culprit.step):
             lost = transfer           # it was produced: the message itself never arrived
             break
         culprit = sender
-    if culprit.rank in chain and lost is None:
+    if cycle:
         culprit = start               # a cycle of waits: name the rank that has waited longest
     action = schedule.actions[culprit.rank][culprit.position] \
         if culprit.position < len(schedule.actions[culprit.rank]) else None
@@ -69,6 +106,10 @@ def diagnose(states: list[RankState], schedule, plan, timeout: float,
         head += " while computing (not waiting for any message)"
     if lost is not None:
         head += f"; rank {lost.src} already ran {lost.producer}, so its message was lost"
+    if absent_from is not None:
+        waiter, item, absent = absent_from
+        head += (f"; rank {waiter} waits in {item} ({KIND_SPECS[item.kind].description}), "
+                 f"which rank {absent} has not reached")
     marks = [(s.rank, s.position) for s in states
              if s.state in (RECV, RUN) and s.position < len(schedule.actions[s.rank])]
     grid = schedule.grid(mark=marks, window=6 if len(schedule) > 400 else None)

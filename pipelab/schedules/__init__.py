@@ -1,14 +1,18 @@
-"""The schedule language: actions, schedules, validation, communication and the generators."""
-from .actions import KINDS, Action, register_kind
+"""The schedule language: actions, kinds, schedules, the dataflow graph, validation,
+communication and the generators."""
+from .actions import NO_MICROBATCH, Action, Compound
+from .kinds import KIND_SPECS, KINDS, Input, KindSpec, register_kind
 from .comm import Step, Transfer, comm_plan
 from .placement import loop_placement, v_placement
 from .registry import SCHEDULES, register, schedule
 from .base import Schedule
-from .validate import ScheduleError, execution_order, validate
+from .graph import execution_order, timed_run
+from .validate import ScheduleError, validate
 
 # Generators register themselves on import.
 from . import gpipe, one_f_one_b  # noqa: E402,F401
 
-__all__ = ["KINDS", "Action", "register_kind", "Step", "Transfer", "comm_plan", "loop_placement",
-           "v_placement", "SCHEDULES", "register", "schedule", "Schedule", "ScheduleError",
-           "execution_order", "validate"]
+__all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
+           "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",
+           "SCHEDULES", "register", "schedule", "Schedule", "ScheduleError", "execution_order",
+           "timed_run", "validate"]

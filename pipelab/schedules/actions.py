@@ -2,31 +2,20 @@
 
 Kinds follow PyTorch's convention, which avoids the two meanings of "B" in the papers:
 F forward, B full backward (= I + W), I input-gradient backward, W weight-gradient backward.
-Later schedules add kinds with `register_kind`; the text form stays <stage><KIND><microbatch>.
+Later chapters register more kinds (kinds.py). Three shapes of words:
+
+    1F3        one action: stage, kind, microbatch
+    1U         an action without a microbatch (a gradient reduction, an optimizer update)
+    3F5+4B0    a compound: actions one rank runs as one step (DualPipe's overlapped F&B pair)
 """
 from __future__ import annotations
 
 import re
 from typing import NamedTuple
 
-KINDS: dict[str, str] = {
-    "F": "forward",
-    "B": "full backward (I + W)",
-    "I": "input-gradient backward",
-    "W": "weight-gradient backward",
-}
+NO_MICROBATCH = -1      # the microbatch of an action that belongs to the whole step
 
-# Kinds that send a gradient to the previous stage (and so end the stage's backward chain).
-INPUT_GRAD_KINDS = {"B", "I"}
-
-_ACTION_RE = re.compile(r"^(\d+)([A-Z][A-Za-z]*)(\d+)$")
-
-
-def register_kind(kind: str, description: str) -> None:
-    """Add an action kind (upper-case first letter); later issues use this for new passes."""
-    if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
-        raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
-    KINDS[kind] = description
+_ACTION_RE = re.compile(r"^(\d+)([A-Z][A-Za-z]*)(\d*)$")
 
 
 class Action(NamedTuple):
@@ -36,21 +25,39 @@ class Action(NamedTuple):
     microbatch: int
 
     def __str__(self) -> str:
+        if self.microbatch == NO_MICROBATCH:
+            return f"{self.stage}{self.kind}"
         return f"{self.stage}{self.kind}{self.microbatch}"
 
     def __repr__(self) -> str:
         return f"Action({self})"
 
+    @property
+    def parts(self) -> tuple["Action", ...]:
+        """The actions this step runs: itself (a Compound has several)."""
+        return (self,)
+
     @classmethod
-    def parse(cls, text: str) -> "Action":
-        """`Action.parse("1F3") == Action(1, "F", 3)`."""
-        match = _ACTION_RE.match(text.strip())
+    def parse(cls, text: str) -> "Action | Compound":
+        """`Action.parse("1F3") == Action(1, "F", 3)`; `"3F5+4B0"` reads as a Compound."""
+        text = text.strip()
+        if "+" in text:
+            return Compound(tuple(cls.parse(part) for part in text.split("+")))
+        match = _ACTION_RE.match(text)
         if not match:
-            raise ValueError(f"cannot read action {text!r}: expected <stage><kind><microbatch>, e.g. 1F3")
+            raise ValueError(f"cannot read action {text!r}: expected <stage><kind><microbatch>, "
+                             "e.g. 1F3 (or 1U without a microbatch, or 3F5+4B0 for a pair)")
+        from .kinds import KIND_SPECS
         stage, kind, microbatch = match.groups()
-        if kind not in KINDS:
-            raise ValueError(f"unknown action kind {kind!r} in {text!r}; known kinds: {', '.join(KINDS)}")
-        return cls(int(stage), kind, int(microbatch))
+        spec = KIND_SPECS.get(kind)
+        if spec is None:
+            raise ValueError(f"unknown action kind {kind!r} in {text!r}; known kinds: "
+                             f"{', '.join(KIND_SPECS)}")
+        if spec.per_microbatch != bool(microbatch):
+            need = "needs a microbatch (e.g. 1F3)" if spec.per_microbatch else \
+                "takes no microbatch (e.g. 1U)"
+            raise ValueError(f"cannot read action {text!r}: kind {kind} {need}")
+        return cls(int(stage), kind, int(microbatch) if microbatch else NO_MICROBATCH)
 
     @property
     def is_forward(self) -> bool:
@@ -59,6 +66,42 @@ class Action(NamedTuple):
     @property
     def is_backward(self) -> bool:
         return self.kind in ("B", "I", "W")
+
+
+class Compound(tuple):
+    """Actions of one rank scheduled as one step, e.g. an overlapped forward and backward of two
+    microbatches. On a CPU the parts run one after the other; the step is drawn as one box."""
+
+    def __new__(cls, parts) -> "Compound":
+        parts = tuple(parts)
+        if len(parts) < 2 or not all(type(p) is Action for p in parts):
+            raise ValueError(f"a compound action joins two or more plain actions, got {parts!r}")
+        return super().__new__(cls, parts)
+
+    @property
+    def parts(self) -> tuple[Action, ...]:
+        return tuple(self)
+
+    @property
+    def kind(self) -> str:
+        return "+".join(p.kind for p in self)
+
+    @property
+    def stage(self) -> int:
+        return self[0].stage
+
+    @property
+    def microbatch(self) -> int:
+        return self[0].microbatch
+
+    def __str__(self) -> str:
+        return "+".join(map(str, self))
+
+    def __repr__(self) -> str:
+        return f"Compound({self})"
+
+    def __getnewargs__(self):      # pickles (a schedule is shipped to every worker)
+        return (tuple(self),)
 
 
 def F(stage: int, microbatch: int) -> Action:

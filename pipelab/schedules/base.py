@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from .actions import Action, INPUT_GRAD_KINDS
+from .actions import Action
 
 IDLE_MARKS = {".", "-", "_"}
 _new = tuple.__new__     # builds an Action without the named tuple's slower constructor
@@ -57,36 +57,52 @@ class Schedule:
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
 
-    # --- dependencies --------------------------------------------------------------------------
+    # --- dependencies (read from the kind specs: kinds.py, graph.py) ---------------------------
     def reindex(self) -> None:
-        """Recompute which backward kind (B or I) each (stage, microbatch) uses."""
-        self._index = {(a.stage, a.microbatch): a.kind
-                       for acts in self.actions for a in acts if a.kind in INPUT_GRAD_KINDS}
+        """Recompute which action produces each output (e.g. the input gradient of a stage comes
+        from its B, or from its I when the backward is split)."""
+        from .kinds import KIND_SPECS
+        output_of = {k: spec.output for k, spec in KIND_SPECS.items() if spec.output}
+        index = {}
+        for acts in self.actions:
+            for item in acts:
+                for a in item.parts:
+                    out = output_of.get(a[1])
+                    if out is not None:
+                        index[(out, a[0], a[2])] = a
+        self._index = index
+
+    def producer_of(self, output: str, stage: int, microbatch: int) -> Action:
+        """The action that produces `output` ("activation", "input gradient") of a stage for a
+        microbatch; when the schedule has none, the kind that would (for error messages)."""
+        if self._index is None:
+            self.reindex()
+        found = self._index.get((output, stage, microbatch))
+        if found is not None:
+            return found
+        from .kinds import DEFAULT_PRODUCER
+        return _new(Action, (stage, DEFAULT_PRODUCER.get(output, "?"), microbatch))
 
     def input_grad_action(self, stage: int, microbatch: int) -> Action:
         """The action that produces the gradient of `stage`'s input: its B, or its I when split."""
-        if self._index is None:
-            self.reindex()
-        return _new(Action, (stage, self._index.get((stage, microbatch), "B"), microbatch))
+        from .kinds import INPUT_GRADIENT
+        return self.producer_of(INPUT_GRADIENT, stage, microbatch)
 
-    def dependencies(self, action: Action) -> list[Action]:
-        """Actions that must finish before `action` can start (data it consumes)."""
-        s, kind, m = action
-        if kind == "F":        # the previous stage's activation
-            return [_new(Action, (s - 1, "F", m))] if s else []
-        if kind == "B" or kind == "I":      # own forward, and the next stage's input gradient
-            if s + 1 < len(self.placement):
-                if self._index is None:
-                    self.reindex()
-                grad = _new(Action, (s + 1, self._index.get((s + 1, m), "B"), m))
-                return [_new(Action, (s, "F", m)), grad]
-            return [_new(Action, (s, "F", m))]
-        if kind == "W":        # the weight gradient reuses what I computed
-            return [_new(Action, (s, "I", m))]
-        raise ValueError(f"no dependency rule for action kind {kind!r}")
+    def inputs(self, action: Action) -> list:
+        """The input edges of one action (graph.py)."""
+        from .graph import inputs_of
+        return inputs_of(self, action)
+
+    def dependencies(self, action) -> list[Action]:
+        """Actions that must finish before `action` (or a compound step) can start."""
+        return self.step_dependencies(action)
+
+    def step_dependencies(self, item) -> list[Action]:
+        from .graph import step_dependencies
+        return step_dependencies(self, item)
 
     def execution_order(self) -> list:
-        """A validated execution order (see validate.py), cached while the schedule is unchanged."""
+        """A validated execution order (graph.py), cached while the schedule is unchanged."""
         key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)))
         if self._checked is None or self._checked[0] != key:
             from .validate import validate
@@ -145,13 +161,16 @@ class Schedule:
 
     @classmethod
     def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":
-        all_actions = [a for row in rows for a in row]
+        all_actions = [a for row in rows for item in row for a in item.parts]
         if not all_actions:
             raise ValueError("the schedule has no actions")
         if placement is None:
+            from .kinds import KIND_SPECS
             owner: dict[int, int] = {}
             for rank, row in enumerate(rows):
-                for a in row:
+                for a in (a for item in row for a in item.parts):
+                    if KIND_SPECS[a.kind].collective:
+                        continue           # a collective runs on several ranks by design
                     if owner.setdefault(a.stage, rank) != rank:
                         raise ValueError(
                             f"stage {a.stage} appears on rank {owner[a.stage]} and rank {rank}; "

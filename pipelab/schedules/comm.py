@@ -1,38 +1,34 @@
 """Communication, derived from a schedule: who sends what to whom, and when.
 
-A compute action consumes the output of actions on neighbouring stages (a forward needs the
-previous stage's activation, a backward the next stage's input gradient). When producer and
-consumer live on different ranks, the producer's rank sends right after the producer runs and
-the consumer's rank receives right before the consumer runs. Sends never block, so a schedule
-that passes the dry run in `validate.py` cannot deadlock on communication.
+Every input edge that carries a tensor (kinds.py) between actions on different ranks is a
+message. The producer's rank sends right after the producer runs; the consumer's rank
+receives right before the consumer runs. Sends never block, so a schedule that passes the dry
+run in graph.py cannot deadlock on communication. Each message has its own tag, numbered in
+one deterministic pass, so two messages can never be confused whatever the schedule.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from .actions import Action
-
-MAX_STAGES = 4096
+from .graph import members_of
+from .kinds import KIND_SPECS
 
 
 @dataclass(frozen=True)
 class Transfer:
-    """One tensor crossing ranks: the output of `producer` needed by `consumer`."""
+    """One tensor crossing ranks: the output of `producer`, read by `consumer` as `name`."""
     producer: Action
     consumer: Action
     src: int            # rank that sends
     dst: int            # rank that receives
+    name: str = "x"     # the input's name in the consumer's handler
+    tag: int = 0
 
     @property
     def what(self) -> str:
-        return "activation" if self.producer.kind == "F" else "gradient"
-
-    @property
-    def tag(self) -> int:
-        # Unique per (stage boundary, direction, microbatch), so messages can never be confused;
-        # comm_plan refuses schedules with MAX_STAGES stages or more, where this would collide.
-        direction = 0 if self.producer.kind == "F" else 1
-        return (self.producer.microbatch * MAX_STAGES + self.producer.stage) * 2 + direction
+        """What travels: the producer kind's output, e.g. "activation" or "input gradient"."""
+        return KIND_SPECS[self.producer.kind].output or f"output of {self.producer.kind}"
 
     def __str__(self) -> str:
         return f"{self.what} {self.producer}->{self.consumer} (rank {self.src}->{self.dst})"
@@ -40,37 +36,45 @@ class Transfer:
 
 @dataclass
 class Step:
-    """One compute action with the receives it waits for and the sends that follow it."""
-    action: Action
+    """One step of a rank (an action or a compound) with the receives it waits for, the sends
+    that follow it, and how many later actions on the same rank read each part's output."""
+    action: object
     recv: list[Transfer] = field(default_factory=list)
     send: list[Transfer] = field(default_factory=list)
+    keep: dict[Action, int] = field(default_factory=dict)
 
 
-def consumers(schedule, action: Action) -> list[Action]:
-    """Actions on other stages that read `action`'s output."""
-    s, m = action.stage, action.microbatch
-    if action.kind == "F" and s < schedule.stages - 1:
-        return [Action(s + 1, "F", m)]
-    if action == schedule.input_grad_action(s, m) and s > 0:
-        return [schedule.input_grad_action(s - 1, m)]
-    return []
+def _ranks_running(schedule, action: Action, placement) -> tuple[int, ...]:
+    members = members_of(schedule, action)
+    return members if members is not None else (placement[action.stage],)
 
 
 def comm_plan(schedule) -> list[list[Step]]:
-    """For each rank, its actions in order, each with the transfers around it."""
-    if schedule.stages >= MAX_STAGES:
-        raise ValueError(f"schedule: {schedule.stages} stages; message tags support fewer than "
-                         f"{MAX_STAGES}")
+    """For each rank, its steps in order, each with the transfers around it."""
     place = schedule.placement
-    plan = []
+    plan = [[Step(item) for item in acts] for acts in schedule.actions]
+    position: dict[Action, dict[int, int]] = {}
     for rank, acts in enumerate(schedule.actions):
-        steps = []
-        for a in acts:
-            recv = [Transfer(d, a, place[d.stage], rank)
-                    for d in schedule.dependencies(a)
-                    if d.stage != a.stage and place[d.stage] != rank]
-            send = [Transfer(a, c, rank, place[c.stage])
-                    for c in consumers(schedule, a) if place[c.stage] != rank]
-            steps.append(Step(a, recv, send))
-        plan.append(steps)
+        for index, item in enumerate(acts):
+            for part in item.parts:
+                position.setdefault(part, {})[rank] = index
+    tag = 0
+    for rank, acts in enumerate(schedule.actions):
+        for index, item in enumerate(acts):
+            for part in item.parts:
+                for name, producer, carries in schedule.inputs(part):
+                    if not carries:
+                        continue
+                    runs_on = position.get(producer, {})
+                    if rank in runs_on:           # produced on this rank: handed over in memory
+                        keep = plan[rank][runs_on[rank]].keep
+                        keep[producer] = keep.get(producer, 0) + 1
+                        continue
+                    ranks = _ranks_running(schedule, producer, place)
+                    src = ranks[0] if place[producer.stage] not in ranks else place[producer.stage]
+                    transfer = Transfer(producer, part, src, rank, name, tag)
+                    tag += 1
+                    plan[rank][index].recv.append(transfer)
+                    if src in runs_on:
+                        plan[src][runs_on[src]].send.append(transfer)
     return plan

@@ -9,13 +9,13 @@ def unit_steps(schedule) -> list[list[int]] | None:
 
     This lines the ranks up the way the papers draw them, with the bubbles as empty cells.
     """
-    from .validate import execution_order, timed_run
+    from .graph import execution_order, timed_run
     try:
         order = execution_order(schedule)
     except Exception:
         return None
     steps: list[list[int]] = [[] for _ in schedule.actions]
-    for rank, _action, start, _end in timed_run(order, schedule.placement, lambda a: 1):
+    for rank, _action, start, _end in timed_run(order, lambda a: 1):
         steps[rank].append(int(start))
     return steps
 

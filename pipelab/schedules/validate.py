@@ -1,15 +1,16 @@
 """Is a schedule sound? Checks that explain themselves, then a dry run that finds deadlocks.
 
-The dry run executes the schedule the way the runtime does: each rank runs its actions strictly
-in order, and an action starts only once the actions it consumes have finished (sends never
-block). If no rank can move and some still have work, the schedule deadlocks.
+Each check reads the kind specs (kinds.py) and the dataflow graph (graph.py), so a kind added
+with `register_kind` is validated like the built-in ones. The dry run itself lives in graph.py.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
-from .actions import KINDS, Action
+from .actions import NO_MICROBATCH, Action
 from .gcpause import without_gc
+from .graph import execution_order, members_of, timed_run  # noqa: F401 - re-exported
+from .kinds import KIND_SPECS, KINDS
 
 
 class ScheduleError(ValueError):
@@ -25,7 +26,7 @@ class ScheduleError(ValueError):
 
 
 @without_gc
-def validate(schedule) -> list[tuple[int, Action, list[Action]]]:
+def validate(schedule) -> list:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
     _check_shape(schedule)
     where = _check_actions(schedule)
@@ -49,40 +50,73 @@ def _check_shape(s) -> None:
 
 
 def _check_actions(s) -> dict[Action, tuple[int, int]]:
-    """Every action known, in range, on its stage's rank and unique; returns where each runs."""
+    """Every action known, in range, on a rank that may run it and unique; every member of a
+    collective reaches it. Returns where each action runs (its first rank for a collective)."""
     seen: dict[Action, tuple[int, int]] = {}
+    collective_seen: dict[Action, dict[int, int]] = defaultdict(dict)
+    specs = KIND_SPECS
     for rank, acts in enumerate(s.actions):
         own = set(s.stages_of(rank))
-        for index, a in enumerate(acts):
-            if a.kind in KINDS and a.stage in own and 0 <= a.microbatch < s.microbatches \
-                    and a not in seen:
-                seen[a] = (rank, index)      # the common case: nothing to explain
-                continue
-            here = [(rank, index)]
-            if a.kind not in KINDS:
-                raise ScheduleError(f"{a}: unknown action kind {a.kind!r}", s, here)
-            if not 0 <= a.stage < s.stages:
-                raise ScheduleError(f"{a} names stage {a.stage}, but stages are 0..{s.stages - 1}", s, here)
-            if not 0 <= a.microbatch < s.microbatches:
-                raise ScheduleError(f"{a} names microbatch {a.microbatch}, "
-                                    f"but microbatches are 0..{s.microbatches - 1}", s, here)
-            if a.stage not in own:
-                raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank "
-                                    f"{s.placement[a.stage]}", s, here)
-            raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
-                                f"rank {rank} step {index})", s, [seen[a], (rank, index)])
+        for index, item in enumerate(acts):
+            for a in item.parts:
+                spec = specs.get(a[1])
+                if spec is not None and spec.members is None and a.stage in own \
+                        and 0 <= a.microbatch < s.microbatches and a not in seen:
+                    seen[a] = (rank, index)      # the common case: nothing to explain
+                    continue
+                here = [(rank, index)]
+                if spec is None:
+                    raise ScheduleError(f"{a}: unknown action kind {a.kind!r}; known kinds: "
+                                        f"{', '.join(KINDS)}", s, here)
+                if not 0 <= a.stage < s.stages:
+                    raise ScheduleError(f"{a} names stage {a.stage}, but stages are "
+                                        f"0..{s.stages - 1}", s, here)
+                if spec.per_microbatch and not 0 <= a.microbatch < s.microbatches:
+                    raise ScheduleError(f"{a} names microbatch {a.microbatch}, "
+                                        f"but microbatches are 0..{s.microbatches - 1}", s, here)
+                if not spec.per_microbatch and a.microbatch != NO_MICROBATCH:
+                    raise ScheduleError(f"{a}: kind {a.kind} ({spec.description}) runs once per "
+                                        f"step and takes no microbatch", s, here)
+                if spec.members is not None:
+                    members = members_of(s, a)
+                    if rank not in members:
+                        raise ScheduleError(f"{a} is on rank {rank}, but its collective's members "
+                                            f"are ranks {', '.join(map(str, members))}", s, here)
+                    if rank in collective_seen[a]:
+                        raise ScheduleError(f"{a} appears twice on rank {rank}", s,
+                                            [(rank, collective_seen[a][rank]), (rank, index)])
+                    collective_seen[a][rank] = index
+                    seen.setdefault(a, (rank, index))
+                    continue
+                if a.stage not in own:
+                    raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank "
+                                        f"{s.placement[a.stage]}", s, here)
+                raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
+                                    f"rank {rank} step {index})", s, [seen[a], (rank, index)])
+    for a, ranks in collective_seen.items():
+        members = members_of(s, a)
+        absent = [r for r in members if r not in ranks]
+        if absent:
+            raise ScheduleError(
+                f"rank {absent[0]} never reaches {a} ({KIND_SPECS[a.kind].description}), a "
+                f"collective of ranks {', '.join(map(str, members))}: every member must run it",
+                s, [(r, i) for r, i in ranks.items()] + [(absent[0], len(s.actions[absent[0]]))])
     return seen
 
 
 # Kinds one (stage, microbatch) may run, in any order (duplicates are rejected earlier).
 _SOUND = {"FB", "BF", "FIW", "FWI", "IFW", "IWF", "WFI", "WIF"}
+_TRAINING = frozenset("FBIW")
 
 
 def _check_complete(s) -> None:
+    """Every (stage, microbatch) runs a forward and a backward (B, or I and W)."""
     kinds: dict[tuple[int, int], str] = defaultdict(str)
     for acts in s.actions:
-        for stage, kind, m in acts:
-            kinds[(stage, m)] += kind
+        for item in acts:
+            for stage, kind, m in item.parts:
+                if kind in _TRAINING:
+                    kinds[(stage, m)] += kind
     for stage in range(s.stages):
         rank = s.placement[stage]
         end = [(rank, len(s.actions[rank]))]
@@ -107,99 +141,18 @@ def _check_complete(s) -> None:
                                     f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
 
 
-_NEEDS_FIRST = {"B": "F", "I": "F", "W": "I"}
-
-
 def _check_local_order(s, where: dict[Action, tuple[int, int]]) -> None:
-    """Backward after forward and W after I, on the rank that runs both: clearer than a deadlock."""
+    """An action that reads state its own rank produces (a backward its forward's, W its I's)
+    must come after it in that rank's list: clearer than reporting a deadlock."""
+    specs = KIND_SPECS
     for a, (rank, i) in where.items():
-        before = _NEEDS_FIRST.get(a.kind)
-        if before is None:
-            continue
-        need = Action(a.stage, before, a.microbatch)
-        j = where[need][1]
-        if j > i:
+        for name, need, carries in specs[a[1]].inputs(s, a):
+            if carries:
+                continue               # data from elsewhere: the dry run judges it
+            found = where.get(need)
+            if found is None or found[0] != rank or found[1] <= i:
+                continue               # missing ones are reported by _check_complete
+            j = found[1]
             raise ScheduleError(f"rank {rank} runs {a} at step {i}, before {need} at step {j}: "
-                                f"{KINDS[a.kind]} needs the {KINDS[before]} first",
+                                f"{KINDS[a.kind]} needs the {KINDS[need.kind]} first",
                                 s, [(rank, i), (rank, j)])
-
-
-@without_gc
-def execution_order(s) -> list[tuple[int, Action, list[Action]]]:
-    """(rank, action, its dependencies) in an order a blocking run could take.
-
-    Raises ScheduleError on deadlock. Event-driven: a rank that cannot move parks itself on the
-    first missing input and is woken when that input is produced, so the pass is linear.
-    """
-    s.reindex()
-    position = [0] * s.ranks
-    done: set[Action] = set()
-    waiting: dict[Action, list[int]] = defaultdict(list)
-    parked: dict[int, list[Action]] = {}     # dependencies of the action a rank is stuck at
-    ready = list(range(s.ranks))
-    order = []
-    deps_of = s.dependencies
-    while ready:
-        rank = ready.pop()
-        acts = s.actions[rank]
-        i, n = position[rank], len(acts)
-        while i < n:
-            action = acts[i]
-            deps = parked.pop(rank, None) or deps_of(action)
-            missing = None
-            for d in deps:
-                if d not in done:
-                    missing = d
-                    break
-            if missing is not None:
-                waiting[missing].append(rank)
-                parked[rank] = deps
-                break
-            done.add(action)
-            order.append((rank, action, deps))
-            i += 1
-            woken = waiting.pop(action, None)
-            if woken:
-                ready.extend(woken)
-        position[rank] = i
-    stuck = [r for r in range(s.ranks) if position[r] < len(s.actions[r])]
-    if stuck:
-        raise ScheduleError(_explain_deadlock(s, position, stuck), s,
-                            [(r, position[r]) for r in stuck])
-    return order
-
-
-def timed_run(order, placement, duration, comm: float = 0.0):
-    """Yield (rank, action, start, end) along an execution order: each rank runs its actions in
-    order, and an action starts once its inputs have arrived (+`comm` when they cross ranks).
-
-    The simulator runs this with its cost model; the grid with one step per action."""
-    end: dict[Action, float] = {}
-    free: dict[int, float] = defaultdict(float)
-    for rank, action, deps in order:
-        start = free[rank]
-        for dep in deps:
-            arrival = end[dep] + (comm if placement[dep.stage] != rank else 0.0)
-            if arrival > start:
-                start = arrival
-        finish = start + duration(action)
-        end[action] = free[rank] = finish
-        yield rank, action, start, finish
-
-
-def _explain_deadlock(s, position, stuck) -> str:
-    where = {a: (r, i) for r, acts in enumerate(s.actions) for i, a in enumerate(acts)}
-    done = {a for r, acts in enumerate(s.actions) for a in acts[:position[r]]}
-    lines = ["deadlock: no rank can make progress."]
-    for rank in stuck:
-        action = s.actions[rank][position[rank]]
-        missing = next(d for d in s.dependencies(action) if d not in done)
-        if missing not in where:
-            lines.append(f"rank {rank} cannot run {action}: it needs {missing}, which no rank runs")
-            continue
-        other, _ = where[missing]
-        blocker = s.actions[other][position[other]]
-        who = "it" if other == rank else f"rank {other}"
-        lines.append(f"rank {rank} waits for {missing} (to run {action}), "
-                     f"which {who} only runs after {blocker}")
-    return "\n".join(lines)

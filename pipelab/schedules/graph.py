@@ -1,0 +1,171 @@
+"""The dataflow graph of a schedule: what each action consumes, and an order in which it can run.
+
+Built from the kind specs (kinds.py). Everything that needs to know how actions depend on each
+other reads it: the validator (local order, deadlock), the communication plan (which edges
+become messages), the simulator and the grid (`timed_run`), the runtime (what a handler
+receives) and the watchdog.
+
+The dry run executes the schedule the way the runtime does: each rank runs its steps strictly
+in order; a step starts once every action it consumes has finished (sends never block); a
+collective step starts once every member rank has reached it. If no rank can move and some
+still have work, the schedule deadlocks.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Callable, Iterator
+
+from .actions import Action
+from .gcpause import without_gc
+from .kinds import KIND_SPECS, Input
+
+_new = tuple.__new__
+
+#: One entry of an execution order: (ranks that run it, the step, the actions it waits for).
+OrderEntry = tuple[tuple[int, ...], object, list[Action]]
+
+
+def inputs_of(schedule, action: Action) -> list[Input]:
+    """The input edges of one action (its kind spec, read against this schedule)."""
+    return KIND_SPECS[action[1]].inputs(schedule, action)
+
+
+def step_dependencies(schedule, item) -> list[Action]:
+    """Actions that must finish before a step (an action or a compound) can start."""
+    parts = item.parts
+    if len(parts) == 1:
+        return [edge[1] for edge in inputs_of(schedule, parts[0])]
+    own = set(parts)
+    return [edge[1] for part in parts for edge in inputs_of(schedule, part) if edge[1] not in own]
+
+
+def members_of(schedule, action: Action) -> tuple[int, ...] | None:
+    """The ranks that run a collective action together (None for an ordinary action)."""
+    spec = KIND_SPECS[action[1]]
+    return None if spec.members is None else tuple(sorted(spec.members(schedule, action)))
+
+
+@without_gc
+def execution_order(schedule) -> list[OrderEntry]:
+    """The steps in an order a blocking run could take; raises ScheduleError on deadlock.
+
+    Event-driven: a rank that cannot move parks on the first missing input (or on a collective
+    not every member has reached) and is woken when that changes, so the pass is linear.
+    """
+    from .validate import ScheduleError
+    s = schedule
+    s.reindex()
+    position = [0] * s.ranks
+    done: set = set()
+    waiting: dict = defaultdict(list)       # missing action -> ranks parked on it
+    parked: dict[int, list] = {}            # rank -> dependencies of the step it is stuck at
+    arrived: dict = defaultdict(set)        # collective step -> member ranks already there
+    ready = list(range(s.ranks))
+    order: list[OrderEntry] = []
+    deps_of = s.step_dependencies
+    collective = {k for k, spec in KIND_SPECS.items() if spec.members is not None}
+    while ready:
+        rank = ready.pop()
+        acts = s.actions[rank]
+        i, n = position[rank], len(acts)
+        while i < n:
+            item = acts[i]
+            deps = parked.pop(rank, None) or deps_of(item)
+            missing = None
+            for d in deps:
+                if d not in done:
+                    missing = d
+                    break
+            if missing is not None:
+                waiting[missing].append(rank)
+                parked[rank] = deps
+                break
+            if collective and item[1] in collective:
+                members = members_of(s, item)
+                arrived[item].add(rank)
+                if len(arrived[item]) < len(members):
+                    break                    # park until the last member arrives
+                ranks = members
+            else:
+                ranks = (rank,)
+            order.append((ranks, item, deps))
+            for part in item.parts:
+                done.add(part)
+                woken = waiting.pop(part, None)
+                if woken:
+                    ready.extend(woken)
+            if len(ranks) > 1:               # a collective moves every member on
+                for other in ranks:
+                    if other != rank:
+                        position[other] += 1
+                        ready.append(other)
+                arrived.pop(item, None)
+            i += 1
+        position[rank] = i
+    stuck = [r for r in range(s.ranks) if position[r] < len(s.actions[r])]
+    if stuck:
+        raise ScheduleError(_explain_deadlock(s, position, stuck, arrived), s,
+                            [(r, position[r]) for r in stuck])
+    return order
+
+
+def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
+              ) -> Iterator[tuple[int, object, float, float]]:
+    """Yield (rank, step, start, end) along an execution order: each rank runs its steps in
+    order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
+    a collective, once every member is free. The simulator runs this with its cost model, the
+    grid with one time unit per step, the critical path with both."""
+    end: dict = {}
+    ran_on: dict = {}
+    free: dict[int, float] = defaultdict(float)
+    for ranks, item, deps in order:
+        if len(ranks) == 1:
+            rank = ranks[0]
+            start = free[rank]
+            for dep in deps:
+                arrival = end[dep] + (comm if rank not in ran_on[dep] else 0.0)
+                if arrival > start:
+                    start = arrival
+        else:
+            start = max(free[r] for r in ranks)
+            for dep in deps:
+                crosses = any(r not in ran_on[dep] for r in ranks)
+                start = max(start, end[dep] + (comm if crosses else 0.0))
+        finish = start + duration(item)
+        for part in item.parts:
+            end[part] = finish
+            ran_on[part] = ranks
+        for rank in ranks:
+            free[rank] = finish
+            yield rank, item, start, finish
+
+
+def _explain_deadlock(s, position, stuck, arrived) -> str:
+    where = {}
+    for r, acts in enumerate(s.actions):
+        for i, item in enumerate(acts):
+            for part in item.parts:
+                where.setdefault(part, (r, i))
+    done = {p for r, acts in enumerate(s.actions) for item in acts[:position[r]] for p in item.parts}
+    lines = ["deadlock: no rank can make progress."]
+    for rank in stuck:
+        item = s.actions[rank][position[rank]]
+        missing = next((d for d in s.step_dependencies(item) if d not in done), None)
+        if missing is None:          # waiting in a collective for members that never come
+            members = members_of(s, item) or ()
+            absent = [m for m in members if m not in arrived.get(item, ())]
+            blockers = ", ".join(f"rank {m} is stuck before it, at {s.actions[m][position[m]]}"
+                                 for m in absent if position[m] < len(s.actions[m]))
+            lines.append(f"rank {rank} waits in {item} ({KIND_SPECS[item[1]].description}, a "
+                         f"collective of ranks {', '.join(map(str, members))}) for rank(s) "
+                         f"{', '.join(map(str, absent))}: {blockers or 'they never reach it'}")
+            continue
+        if missing not in where:
+            lines.append(f"rank {rank} cannot run {item}: it needs {missing}, which no rank runs")
+            continue
+        other, _ = where[missing]
+        blocker = s.actions[other][position[other]]
+        who = "it" if other == rank else f"rank {other}"
+        lines.append(f"rank {rank} waits for {missing} (to run {item}), "
+                     f"which {who} only runs after {blocker}")
+    return "\n".join(lines)

@@ -1,0 +1,117 @@
+"""Action kinds, each registered once with everything the rest of pipelab needs to know about it.
+
+A kind says what it consumes (its input edges to other actions), what it produces for others,
+how it changes live activation memory, what it costs when the cost model has no entry for it,
+and, for a collective, which ranks run it together. The dataflow graph (graph.py) is built from
+these specs and feeds the validator, the communication plan, the simulator, the watchdog and
+the runtime alike: a new kind is one `register_kind` call (plus a runtime handler), not an edit
+of six files.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from .actions import NO_MICROBATCH, Action
+
+ACTIVATION = "activation"
+INPUT_GRADIENT = "input gradient"
+
+
+class Input(NamedTuple):
+    """An edge into an action: `name` is how the handler receives it; `producer` the action whose
+    output it is. With `carries=False` the edge only orders the two (state kept on one stage,
+    such as the graph a W pass reuses from its I), and never becomes a message."""
+    name: str
+    producer: Action
+    carries: bool = True
+
+
+@dataclass(frozen=True)
+class KindSpec:
+    kind: str
+    description: str
+    inputs: Callable[["object", Action], list[Input]]    # (schedule, action) -> edges in
+    output: str | None = None          # what it produces for other actions, e.g. "activation"
+    memory: float = 0.0                # live activations added (+, at start) or freed (−, at end),
+    #                                    in units of one forward's activations of its stage
+    cost: Callable[["object", int], float] | None = None  # (costs, stage) -> time, if not in Costs
+    per_microbatch: bool = True        # False: written `1U`, runs once per training step
+    members: Callable[["object", Action], tuple[int, ...]] | None = None   # a collective's ranks
+    module: str = "pipelab"            # where it was defined: the workers import it from there
+
+    @property
+    def collective(self) -> bool:
+        return self.members is not None
+
+
+KIND_SPECS: dict[str, KindSpec] = {}
+KINDS: dict[str, str] = {}         # kind -> description, for messages and docs
+
+
+def register_kind(kind: str, description: str, *, inputs: Callable | None = None,
+                  output: str | None = None, memory: float = 0.0, cost: Callable | None = None,
+                  per_microbatch: bool = True, members: Callable | None = None,
+                  module: str | None = None) -> KindSpec:
+    """Add (or replace) an action kind. `inputs(schedule, action)` lists its `Input` edges
+    (default: none); `members(schedule, action)` makes it a collective of those ranks."""
+    if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
+        raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
+    if not isinstance(memory, (int, float)):
+        raise ValueError(f"memory must be a number (units of one forward's activations), got {memory!r}")
+    if module is None:
+        import inspect
+        caller = inspect.stack()[1].frame.f_globals.get("__name__", "__main__")
+        module = caller
+    spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
+                    float(memory), cost, per_microbatch, members, module)
+    KIND_SPECS[kind] = spec
+    KINDS[kind] = description
+    return spec
+
+
+# --- the four kinds every pipeline uses ---------------------------------------------------------
+
+def _forward_inputs(schedule, a: Action) -> list[Input]:
+    if a.stage == 0:
+        return []        # the first stage reads the microbatch's tokens
+    return [Input("x", schedule.producer_of(ACTIVATION, a.stage - 1, a.microbatch))]
+
+
+def _backward_inputs(schedule, a: Action) -> list[Input]:
+    own = Input("saved", Action(a.stage, "F", a.microbatch), carries=False)
+    if a.stage == schedule.stages - 1:
+        return [own]     # the last stage starts from the loss
+    return [own, Input("grad", schedule.producer_of(INPUT_GRADIENT, a.stage + 1, a.microbatch))]
+
+
+def _weight_inputs(schedule, a: Action) -> list[Input]:
+    return [Input("saved", Action(a.stage, "I", a.microbatch), carries=False)]
+
+
+register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, memory=+1.0,
+              module="pipelab")
+register_kind("B", "full backward (I + W)", inputs=_backward_inputs, output=INPUT_GRADIENT,
+              memory=-1.0, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
+              module="pipelab")
+# How much of a forward's activations I frees (and W the rest) is a property of the model: the
+# simulator takes it as `i_frees`; the runtime measures it.
+register_kind("I", "input-gradient backward", inputs=_backward_inputs, output=INPUT_GRADIENT,
+              memory=0.0, module="pipelab")
+register_kind("W", "weight-gradient backward", inputs=_weight_inputs, memory=-1.0,
+              module="pipelab")
+
+# The kind a (stage, microbatch) uses when its producer of `output` is missing: for messages.
+DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B"}
+
+
+def spec_of(kind: str) -> KindSpec:
+    spec = KIND_SPECS.get(kind)
+    if spec is None:
+        raise ValueError(f"unknown action kind {kind!r}; known kinds: {', '.join(KIND_SPECS)}")
+    return spec
+
+
+def no_microbatch(action: Action) -> bool:
+    return action.microbatch == NO_MICROBATCH
