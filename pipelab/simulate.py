@@ -148,7 +148,7 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     timed = timed_run(order, _cached_durations(costs), costs.comm)
     for rank, item, start, finish in timed:
         events.append(_new(Event, (rank, item, start, finish, None)))
-        for part in item.parts:
+        for part in ((item,) if type(item) is Action else item):
             change = effect.get(part[1])
             if change:
                 deltas[rank].append((start if change > 0 else finish, change * unit[rank]))
@@ -167,7 +167,7 @@ def _cached_durations(costs: Costs):
     def duration(action: Action) -> float:
         if measured and action in measured:
             return measured[action]
-        key = (action.kind, action.stage) if len(action.parts) == 1 else action
+        key = (action[1], action[0]) if type(action) is Action else action
         if key not in model_cost:
             model_cost[key] = costs.duration(action)
         return model_cost[key]

@@ -120,7 +120,8 @@ def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
 
 def _latency(reports: list[dict], k: int) -> float:
     """Median time from a producer's end to the arrival at a receiver that was already waiting."""
-    ended = {a: end for rep in reports for _i, a, _w, _s, end, _c, _m in rep["steps"][k]["actions"]}
+    ended = {part: end for rep in reports for _i, item, _w, _s, end, _c, _m in rep["steps"][k]["actions"]
+             for part in item.parts}
     waited, all_ = [], []
     for rep in reports:
         for producer, _consumer, _src, t_wait, t_arrive in rep["steps"][k]["recvs"]:

@@ -75,9 +75,11 @@ class Schedule:
     def producer_of(self, output: str, stage: int, microbatch: int) -> Action:
         """The action that produces `output` ("activation", "input gradient") of a stage for a
         microbatch; when the schedule has none, the kind that would (for error messages)."""
-        if self._index is None:
+        index = self._index
+        if index is None:
             self.reindex()
-        found = self._index.get((output, stage, microbatch))
+            index = self._index
+        found = index.get((output, stage, microbatch))
         if found is not None:
             return found
         from .kinds import DEFAULT_PRODUCER

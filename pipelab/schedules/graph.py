@@ -30,6 +30,18 @@ def inputs_of(schedule, action: Action) -> list[Input]:
     return KIND_SPECS[action[1]].inputs(schedule, action)
 
 
+def edges(schedule) -> dict[Action, list[Input]]:
+    """The input edges of every action of the schedule: the graph, built in one pass."""
+    schedule.reindex()
+    specs = KIND_SPECS
+    out = {}
+    for acts in schedule.actions:
+        for item in acts:
+            for part in item.parts:
+                out[part] = specs[part[1]].inputs(schedule, part)
+    return out
+
+
 def step_dependencies(schedule, item) -> list[Action]:
     """Actions that must finish before a step (an action or a compound) can start."""
     parts = item.parts
@@ -55,6 +67,16 @@ def execution_order(schedule) -> list[OrderEntry]:
     from .validate import ScheduleError
     s = schedule
     s.reindex()
+    specs = KIND_SPECS
+
+    def deps_of(item) -> list[Action]:
+        if type(item) is Action:
+            inputs = specs[item[1]].inputs(s, item)
+        else:
+            inputs = [edge for part in item for edge in specs[part[1]].inputs(s, part)
+                      if edge[1] not in item]
+        return [edge[1] for edge in inputs]
+
     position = [0] * s.ranks
     done: set = set()
     waiting: dict = defaultdict(list)       # missing action -> ranks parked on it
@@ -62,7 +84,6 @@ def execution_order(schedule) -> list[OrderEntry]:
     arrived: dict = defaultdict(set)        # collective step -> member ranks already there
     ready = list(range(s.ranks))
     order: list[OrderEntry] = []
-    deps_of = s.step_dependencies
     collective = {k for k, spec in KIND_SPECS.items() if spec.members is not None}
     while ready:
         rank = ready.pop()
@@ -89,7 +110,7 @@ def execution_order(schedule) -> list[OrderEntry]:
             else:
                 ranks = (rank,)
             order.append((ranks, item, deps))
-            for part in item.parts:
+            for part in ((item,) if type(item) is Action else item):
                 done.add(part)
                 woken = waiting.pop(part, None)
                 if woken:
@@ -115,26 +136,29 @@ def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
     order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
     a collective, once every member is free. The simulator runs this with its cost model, the
     grid with one time unit per step, the critical path with both."""
-    end: dict = {}
-    ran_on: dict = {}
+    end: dict = {}          # action -> (finish, the ranks that ran it)
     free: dict[int, float] = defaultdict(float)
     for ranks, item, deps in order:
         if len(ranks) == 1:
             rank = ranks[0]
             start = free[rank]
             for dep in deps:
-                arrival = end[dep] + (comm if rank not in ran_on[dep] else 0.0)
+                finished, ran_on = end[dep]
+                arrival = finished + (comm if rank not in ran_on else 0.0)
                 if arrival > start:
                     start = arrival
         else:
             start = max(free[r] for r in ranks)
             for dep in deps:
-                crosses = any(r not in ran_on[dep] for r in ranks)
-                start = max(start, end[dep] + (comm if crosses else 0.0))
+                finished, ran_on = end[dep]
+                crosses = any(r not in ran_on for r in ranks)
+                start = max(start, finished + (comm if crosses else 0.0))
         finish = start + duration(item)
-        for part in item.parts:
-            end[part] = finish
-            ran_on[part] = ranks
+        if type(item) is Action:
+            end[item] = (finish, ranks)
+        else:
+            for part in item:
+                end[part] = (finish, ranks)
         for rank in ranks:
             free[rank] = finish
             yield rank, item, start, finish

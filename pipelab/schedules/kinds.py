@@ -60,10 +60,9 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
         raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
     if not isinstance(memory, (int, float)):
         raise ValueError(f"memory must be a number (units of one forward's activations), got {memory!r}")
-    if module is None:
-        import inspect
-        caller = inspect.stack()[1].frame.f_globals.get("__name__", "__main__")
-        module = caller
+    if module is None:          # the registering module: workers import it from there
+        import sys
+        module = sys._getframe(1).f_globals.get("__name__", "__main__")
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
                     float(memory), cost, per_microbatch, members, module)
     KIND_SPECS[kind] = spec
@@ -72,22 +71,28 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
 
 
 # --- the four kinds every pipeline uses ---------------------------------------------------------
+# (Edges are built with tuple.__new__: schedules hold 10^5 actions, and the named tuples'
+# constructor would double the time of a validation.)
+_new = tuple.__new__
+
 
 def _forward_inputs(schedule, a: Action) -> list[Input]:
-    if a.stage == 0:
+    stage, _, mb = a
+    if stage == 0:
         return []        # the first stage reads the microbatch's tokens
-    return [Input("x", schedule.producer_of(ACTIVATION, a.stage - 1, a.microbatch))]
+    return [_new(Input, ("x", schedule.producer_of(ACTIVATION, stage - 1, mb), True))]
 
 
 def _backward_inputs(schedule, a: Action) -> list[Input]:
-    own = Input("saved", Action(a.stage, "F", a.microbatch), carries=False)
-    if a.stage == schedule.stages - 1:
+    stage, _, mb = a
+    own = _new(Input, ("saved", _new(Action, (stage, "F", mb)), False))
+    if stage == len(schedule.placement) - 1:
         return [own]     # the last stage starts from the loss
-    return [own, Input("grad", schedule.producer_of(INPUT_GRADIENT, a.stage + 1, a.microbatch))]
+    return [own, _new(Input, ("grad", schedule.producer_of(INPUT_GRADIENT, stage + 1, mb), True))]
 
 
 def _weight_inputs(schedule, a: Action) -> list[Input]:
-    return [Input("saved", Action(a.stage, "I", a.microbatch), carries=False)]
+    return [_new(Input, ("saved", _new(Action, (a[0], "I", a[2])), False))]
 
 
 register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, memory=+1.0,

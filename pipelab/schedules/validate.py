@@ -9,7 +9,7 @@ from collections import defaultdict
 
 from .actions import NO_MICROBATCH, Action
 from .gcpause import without_gc
-from .graph import execution_order, members_of, timed_run  # noqa: F401 - re-exported
+from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
 from .kinds import KIND_SPECS, KINDS
 
 
@@ -31,8 +31,12 @@ def validate(schedule) -> list:
     _check_shape(schedule)
     where = _check_actions(schedule)
     _check_complete(schedule)
-    _check_local_order(schedule, where)
-    return execution_order(schedule)
+    try:
+        return execution_order(schedule)
+    except ScheduleError:
+        # A rank that needs its own later action deadlocks; say that plainly instead.
+        _check_local_order(schedule, where, edges(schedule))
+        raise
 
 
 def _check_shape(s) -> None:
@@ -141,12 +145,11 @@ def _check_complete(s) -> None:
                                     f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
 
 
-def _check_local_order(s, where: dict[Action, tuple[int, int]]) -> None:
+def _check_local_order(s, where: dict[Action, tuple[int, int]], graph: dict) -> None:
     """An action that reads state its own rank produces (a backward its forward's, W its I's)
     must come after it in that rank's list: clearer than reporting a deadlock."""
-    specs = KIND_SPECS
     for a, (rank, i) in where.items():
-        for name, need, carries in specs[a[1]].inputs(s, a):
+        for _name, need, carries in graph[a]:
             if carries:
                 continue               # data from elsewhere: the dry run judges it
             found = where.get(need)
