@@ -71,12 +71,13 @@ def test_a_collective_deadlock_names_who_never_arrives():
 
 
 def test_a_collective_starts_when_every_member_is_free():
-    sched = Schedule.from_text("0F0 0B0 0SY\n1F0 1B0 0SY", placement=[0, 1]).validate()
+    sched = Schedule.from_text("0F0 0SY 0B0\n1F0 1B0 0SY", placement=[0, 1]).validate()
     tl = pl.simulate(sched, pl.Costs(F=1, I=1, W=1))
     syncs = [e for e in tl.events if e.action.kind == "SY"]
     assert sorted(e.rank for e in syncs) == [0, 1]
-    # rank 1 is free at 3 (1F0 ends at 2, 1B0 at 4)... rank 0's 0B0 ends last, at 6.
-    assert {(e.start, e.end) for e in syncs} == {(6.0, 6.25)}
+    # rank 0 reaches 0SY at 1, but rank 1 is busy with 1F0 and 1B0 until 4: both start then.
+    assert {(e.start, e.end) for e in syncs} == {(4.0, 4.25)}
+    assert next(e for e in tl.events if str(e.action) == "0B0").start == 4.25
 
 
 # --- communication -----------------------------------------------------------------------------
