@@ -7,7 +7,7 @@ from .base import Schedule
 from .validate import ScheduleError, execution_order, validate
 
 # Generators register themselves on import.
-from . import gpipe, one_f_one_b  # noqa: E402,F401
+from . import gpipe, interleaved, one_f_one_b, zero_bubble  # noqa: E402,F401
 
 __all__ = ["KINDS", "Action", "register_kind", "Step", "Transfer", "comm_plan", "loop_placement",
            "v_placement", "SCHEDULES", "register", "schedule", "Schedule", "ScheduleError",
