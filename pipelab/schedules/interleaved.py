@@ -69,7 +69,8 @@ def _depth_first(microbatches: int, chunks: int, per_round: int,
 @register("interleaved-1f1b")
 def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
     chunks = _check_chunks("interleaved-1f1b", chunks)
-    per_round = microbatch_rounds(ranks, microbatches)
+    # With one chunk there is no loop to keep full, and any m will do (it is 1F1B).
+    per_round = microbatches if chunks == 1 else microbatch_rounds(ranks, microbatches)
     forwards = _depth_first(microbatches, chunks, per_round)
     backwards = _depth_first(microbatches, chunks, per_round, reverse=True)   # last chunk first
     total = len(forwards)
