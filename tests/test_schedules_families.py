@@ -132,6 +132,12 @@ def test_looped_bfs_bubble_and_memory_from_first_principles(v):
             assert tl.peak_activations() == {r: pytest.approx(m) for r in range(p)}
 
 
+def test_looped_bfs_reads_as_whole_chunks():
+    sched = pl.schedule("looped-bfs", ranks=2, microbatches=2, chunks=2)
+    assert " ".join(map(str, sched.actions[0])) == "0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1"
+    assert sched.placement == (0, 1, 0, 1)
+
+
 def test_looped_bfs_holds_more_than_depth_first():
     for p in RANKS:
         for m in range(2 * p, 5 * p + 1, p):
@@ -159,6 +165,22 @@ def test_zb_h1_bubble(F, I, W):  # noqa: E741
             assert tl.makespan == pytest.approx(expected), (p, m)
             assert max(spans(tl).values()) == pytest.approx(expected), (p, m)
             assert tl.peak_activations() == {r: p for r in range(p)}, (p, m)
+
+
+def test_zb_memory_depends_on_what_i_frees():
+    """With W freeing everything (i_frees=0) every rank peaks at p (ZB-H1) or 2p−1 (ZB-H2);
+    if I freed everything (i_frees=1) the deferred W's would cost nothing: ZB-H1 holds exactly
+    what 1F1B holds (p−i) and ZB-H2 its warm-up plus one, 2(p−1−i)+1. The first rank's peak
+    does not depend on the split."""
+    for p in RANKS:
+        m = 3 * p
+        h1, h2 = build("zb-h1", p, m), build("zb-h2", p, m)
+        for i_frees in (0.0, 0.5, 1.0):
+            assert pl.simulate(h1, UNIT, i_frees=i_frees).peak_activations()[0] == p
+            assert pl.simulate(h2, UNIT, i_frees=i_frees).peak_activations()[0] == 2 * p - 1
+        assert pl.simulate(h1, UNIT, i_frees=1.0).peak_activations() == {i: p - i for i in range(p)}
+        assert pl.simulate(h2, UNIT, i_frees=1.0).peak_activations() == \
+            {i: 2 * (p - 1 - i) + 1 for i in range(p)}
 
 
 def test_zb_h1_beats_1f1b_at_its_memory_even_when_m_is_small():
@@ -197,13 +219,17 @@ def test_zb_v_has_no_bubble_per_rank_span_at_equal_costs():
     """With T_F = T_I = T_W (a rank's worth; each chunk costs half), every rank's span is exactly
     its work, m(T_F+T_I+T_W): no idle time between its first forward and its last W. What
     remains is wall-clock only: rank r starts r chunk-forwards late, so the makespan is the span
-    plus (p−1)·T_F/2. Peak activations p on every rank (1F1B's first rank), with W freeing all."""
+    plus (p−1)·T_F/2. Peak activations p on every rank (1F1B's first rank), whatever share of
+    the activations I frees: where a rank peaks, each I is followed by its W."""
     for p in range(1, 7):
         for m in range(2 * p - 1, 4 * p + 1):
-            tl = pl.simulate(build("zb-v", p, m), chunk_costs(2))
+            sched = build("zb-v", p, m)
+            tl = pl.simulate(sched, chunk_costs(2))
             assert spans(tl) == {r: pytest.approx(3 * m) for r in range(p)}, (p, m)
             assert tl.makespan == pytest.approx(3 * m + (p - 1) / 2), (p, m)
-            assert tl.peak_activations() == {r: pytest.approx(p) for r in range(p)}, (p, m)
+            for i_frees in (0.0, 0.5, 1.0):
+                peaks = pl.simulate(sched, chunk_costs(2), i_frees=i_frees).peak_activations()
+                assert peaks == {r: pytest.approx(p) for r in range(p)}, (p, m, i_frees)
 
 
 def test_zb_v_is_v_shaped_and_rejects_other_chunk_counts():
