@@ -91,6 +91,36 @@ def test_interleaved_peak_activations(v):
                 assert peaks[r] == pytest.approx(p + (p - 1 - 2 * r) / v), (p, m, r)
 
 
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_with_fewer_microbatches_than_ranks_cannot_fill_the_loop(v):
+    """m < p: one round of m microbatches, and chunk c+1 waits for microbatch 0 to come round
+    the ranks: a plain pipeline p·v stages deep, (p·v + m − 1)(T_F + T_B)/v, as looped BFS."""
+    for p in RANKS:
+        for m in range(1, p):
+            tl = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v),
+                             chunk_costs(v))
+            assert tl.makespan == pytest.approx((p * v + m - 1) * 3 / v), (p, m)
+
+
+@pytest.mark.parametrize("v", [2, 3])
+def test_interleaved_peak_with_rounds_of_more_than_p(v):
+    """With rounds of g = m / max(1, m // p) microbatches the warm-up runs (v−1)·g forwards
+    before the first backward can come back, so rank r peaks at (2(p−1−r) + (v−1)g + 1)/v."""
+    checked = 0
+    for p in RANKS:
+        for m in range(2 * p, 5 * p + 1):
+            rounds = m // p
+            if m % rounds or m % p == 0:
+                continue
+            g = m // rounds
+            peaks = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v),
+                                chunk_costs(v)).peak_activations()
+            assert peaks == {r: pytest.approx((2 * (p - 1 - r) + (v - 1) * g + 1) / v)
+                             for r in range(p)}, (p, m)
+            checked += 1
+    assert checked >= 5         # e.g. p=4, m=10: two rounds of 5
+
+
 def test_interleaved_with_one_chunk_is_1f1b():
     for p in range(1, 7):
         for m in range(1, 13):
