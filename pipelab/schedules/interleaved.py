@@ -83,8 +83,9 @@ def interleaved_1f1b(ranks: int, microbatches: int, chunks: int = 2) -> Schedule
             warmup_forwards = ranks - rank - 1
         else:
             # The first backward on this rank is for the last chunk of microbatch 0, which needs
-            # (v−1) rounds of forwards through the earlier chunks first; while its gradient comes
-            # back from the ranks after us, we keep them fed with two forwards per hop (Megatron).
+            # (v−1) rounds of forwards through the earlier chunks first; while that microbatch
+            # goes on to the last rank and its gradient comes back (p−1−r hops each way), the
+            # rank keeps busy with one more forward per hop (Megatron's warm-up).
             warmup_forwards = (chunks - 1) * per_round + 2 * (ranks - rank - 1)
         warmup_forwards = min(warmup_forwards, total)
         # Warm-up.
