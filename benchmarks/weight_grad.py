@@ -8,7 +8,11 @@ backward) or I (input gradients; every Linear leaves its weight GEMMs in a Weigh
 followed by W (those GEMMs). Times are per-action thread CPU time (`time.thread_time()`, steady
 on a loaded machine), medians over `--repeats` repetitions with B and I/W interleaved. `B nn`
 is the full backward of the same stage built with torch's own nn.Linear, to show that our
-Linear did not make B slower. Bytes are the live activations the meter counts after F, after I
+Linear did not make B (or F, `F nn`) slower. `faults` are the minor page faults of one I (B
+has none): I keeps x and dy alive where B would reuse their memory at once, so glibc hands out
+fresh pages, and the zeroing of those pages is CPU time of I. `--keep-heap` tells glibc to keep
+freed memory (mallopt: no trimming, no mmap), as a caching allocator would, which separates
+that allocator cost from the arithmetic. Bytes are the live activations the meter counts after F, after I
 (the graph freed; what W still needs held by the store) and after W (nothing).
 
 Target: (I + W) / B within 10% of 1 on every stage at a compute-bound size.
@@ -18,6 +22,7 @@ from __future__ import annotations
 import argparse
 import copy
 import os
+import resource
 import statistics
 import time
 
@@ -58,7 +63,7 @@ class StageBench:
         return inp, out
 
     def step(self, clock=time.thread_time) -> dict:
-        """F B, F I W and F B (nn.Linear); returns CPU seconds per action and bytes."""
+        """F B, F I W and F B (nn.Linear); returns CPU seconds per action, faults and bytes."""
         t = {}
         c0 = clock()
         _inp, out = self.forward(self.module)
@@ -69,10 +74,12 @@ class StageBench:
         del out, _inp
         _inp, out = self.forward(self.module)
         after_f = self.meter.live
+        faults = _minor_faults()
         c0 = clock()
         with self.store.deferring(0, 0):
             torch.autograd.backward(out, self.grad)
         t["I"] = clock() - c0
+        faults = _minor_faults() - faults
         del out, _inp
         after_i = self.meter.live
         c0 = clock()
@@ -80,14 +87,32 @@ class StageBench:
         t["W"] = clock() - c0
         after_w = self.meter.live
         self.store = WeightGradStore(self.meter)       # a fresh step: the key may run again
+        c0 = clock()
         _inp, out = self.forward(self.stock)
+        t["F nn"] = clock() - c0
         c0 = clock()
         torch.autograd.backward(out, self.grad)
         t["B nn"] = clock() - c0
         del out, _inp
         self.module.zero_grad(set_to_none=True)
         self.stock.zero_grad(set_to_none=True)
-        return {**t, "after F": after_f, "after I": after_i, "after W": after_w}
+        return {**t, "faults": faults, "after F": after_f, "after I": after_i, "after W": after_w}
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_minflt
+
+
+def keep_freed_memory() -> None:
+    """Tell glibc to keep freed memory for reuse (no trimming, no mmap for big blocks), as a
+    caching allocator would: then holding x and dy from I to W costs no fresh pages."""
+    import ctypes
+    libc = ctypes.CDLL("libc.so.6")
+    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
+    for option, value in ((M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 1 << 28),
+                          (M_MMAP_THRESHOLD, 1 << 30)):
+        if libc.mallopt(option, value) != 1:
+            raise OSError(f"mallopt({option}, {value}) failed")
 
 
 def measure(cfg, stages: int, rows: int, repeats: int, warmup: int = 3) -> list[dict]:
@@ -125,17 +150,17 @@ def print_table(cfg, rows: int, table: list[dict]) -> None:
     tokens = rows * cfg.seq_len
     print(f"d_model {cfg.d_model}, {cfg.n_layers} blocks, {rows} x {cfg.seq_len} = {tokens} "
           f"tokens per microbatch; thread CPU ms, medians")
-    print(f"{'stage':>5} {'layers':>8} {'F':>7} {'B':>7} {'B nn':>7} {'I':>7} {'W':>7} "
-          f"{'(I+W)/B':>8} {'p10-p90':>11} {'F:I:W':>13} {'bytes F':>10} {'bytes I':>10} "
-          f"{'I/F':>5} {'bytes W':>8}")
+    print(f"{'stage':>5} {'layers':>7} {'F':>6} {'F nn':>6} {'B':>6} {'B nn':>6} {'I':>6} "
+          f"{'W':>6} {'(I+W)/B':>7} {'p10-p90':>9} {'F:I:W':>12} {'faults':>6} "
+          f"{'bytes F':>9} {'bytes I':>9} {'I/F':>4} {'bytes W':>7}")
     for s, r in enumerate(table):
-        ms = {k: r[k] * 1e3 for k in ("F", "B", "B nn", "I", "W")}
+        ms = {k: r[k] * 1e3 for k in ("F", "F nn", "B", "B nn", "I", "W")}
         lo, hi = r["ratio range"]
         split = f"1:{r['I'] / r['F']:.2f}:{r['W'] / r['F']:.2f}"
-        print(f"{s:>5} {r['layers']:>8} {ms['F']:7.2f} {ms['B']:7.2f} {ms['B nn']:7.2f} "
-              f"{ms['I']:7.2f} {ms['W']:7.2f} {r['I+W/B']:8.3f} {lo:5.2f}-{hi:<5.2f} "
-              f"{split:>13} {r['after F']:10d} {r['after I']:10d} "
-              f"{r['after I'] / r['after F']:5.2f} {r['after W']:8d}")
+        print(f"{s:>5} {r['layers']:>7} {ms['F']:6.2f} {ms['F nn']:6.2f} {ms['B']:6.2f} "
+              f"{ms['B nn']:6.2f} {ms['I']:6.2f} {ms['W']:6.2f} {r['I+W/B']:7.3f} "
+              f"{lo:4.2f}-{hi:<4.2f} {split:>12} {r['faults']:6.0f} {r['after F']:9d} "
+              f"{r['after I']:9d} {r['after I'] / r['after F']:4.2f} {r['after W']:7d}")
 
 
 def main() -> None:
@@ -147,12 +172,17 @@ def main() -> None:
     parser.add_argument("--seq-len", type=int, default=64)
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=41)
+    parser.add_argument("--keep-heap", action="store_true",
+                        help="rerun with glibc keeping freed memory (no page-fault cost)")
     args = parser.parse_args()
+    if args.keep_heap:
+        keep_freed_memory()
     torch.set_num_threads(1)                    # as a pipeline worker runs
     cfg = pl.ModelConfig(n_layers=args.n_layers, d_model=args.d_model, n_heads=args.heads,
                          seq_len=args.seq_len)
     table = measure(cfg, args.stages, args.rows, args.repeats)
-    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores")
+    heap = "glibc keeps freed memory" if args.keep_heap else "default glibc"
+    print(f"load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} cores; {heap}")
     print_table(cfg, args.rows, table)
 
 
