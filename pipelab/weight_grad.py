@@ -18,8 +18,9 @@ O(tokens·d) against the GEMMs' O(tokens·d²), and deferring them would mean st
 inputs too. What the store holds is activation memory: it is counted by the activation meter
 while held and released when `W` has run. Measured on the toy model it is most of a stage's
 activations (each block keeps x and dy of its four Linears, 16 values of width d_model per
-token): `I` frees only ~6-9% (attention probabilities, LayerNorm inputs), `W` the rest, as the
-zero-bubble paper's own count (32 of 34 bsh per layer, before attention scores) predicts.
+token): `I` frees only ~6-9%, the attention probabilities (the LayerNorm and GELU inputs and
+q, k, v it frees too are replaced byte for byte by the dy it keeps), and `W` the rest; the
+zero-bubble paper's count agrees (a layer holds 34·bsh + 5·as²b after F, 32·bsh for W).
 
 One difference from nn.Linear: a custom Function cannot tell which gradients the engine will
 use, so `torch.autograd.grad(y, [x])` through it still computes dW and drops it (nn.Linear's
