@@ -26,6 +26,12 @@ class Costs:
 
     Each of F, I, W is one number for every stage, or a sequence with one number per stage.
     `per_action` (measured seconds per action, as in a replay) overrides the model.
+
+    `per="microbatch"` (the default): F, I, W are one microbatch's costs, so more microbatches
+    mean more work. `per="batch"`: F, I, W are the whole batch's costs and `simulate` charges
+    each of the schedule's m microbatches 1/m of them — a fixed global batch, so naive (m=1)
+    and GPipe (m>1) do the same work and their makespans compare. `comm` (a message's latency)
+    and `per_action` (measured times) are never scaled.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -33,8 +39,11 @@ class Costs:
     comm: float = 0.0
     per_action: Mapping[Action, float] | None = None
     unit: str = "units"
+    per: str = "microbatch"
 
     def __post_init__(self) -> None:
+        if self.per not in ("microbatch", "batch"):
+            raise ValueError(f"Costs.per must be 'microbatch' or 'batch', got {self.per!r}")
         for name in ("F", "I", "W", "comm"):
             value = getattr(self, name)
             per_stage = name != "comm" and not isinstance(value, str) and hasattr(value, "__len__")
@@ -77,13 +86,15 @@ class Costs:
             return float(value[stage])
         return float(value)
 
-    def duration(self, action: Action) -> float:
+    def duration(self, action: Action, microbatches: int = 1) -> float:
+        """Time of `action`; with `per="batch"`, its share 1/`microbatches` of the batch's cost."""
         if self.per_action is not None and action in self.per_action:
             return self.per_action[action]
+        share = 1.0 / microbatches if self.per == "batch" else 1.0
         if action.kind == "B":
-            return self.of("I", action.stage) + self.of("W", action.stage)
+            return (self.of("I", action.stage) + self.of("W", action.stage)) * share
         if action.kind in ("F", "I", "W"):
-            return self.of(action.kind, action.stage)
+            return self.of(action.kind, action.stage) * share
         raise ValueError(f"no cost for action kind {action.kind!r}; use per_action")
 
 
@@ -111,7 +122,8 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
     released = {"B": 1.0, "I": i_frees, "W": 1.0 - i_frees}     # share of a forward's activations
-    timed = timed_run(order, schedule.placement, _cached_durations(costs), costs.comm)
+    timed = timed_run(order, schedule.placement,
+                      _cached_durations(costs, schedule.microbatches), costs.comm)
     for rank, action, start, finish in timed:
         events.append(_new(Event, (rank, action, start, finish, None)))
         kind = action[1]
@@ -119,11 +131,14 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
             deltas[rank].append((start, unit[rank]))
         elif released.get(kind):
             deltas[rank].append((finish, -unit[rank] * released[kind]))
+    title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
+                             if costs.per == "batch" else "")
     return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
-                    memory_unit="microbatch-stages", title=schedule.name, time_unit=costs.unit)
+                    memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
+                    schedule=schedule, comm=costs.comm)
 
 
-def _cached_durations(costs: Costs):
+def _cached_durations(costs: Costs, microbatches: int = 1):
     """`costs.duration`, computed once per (kind, stage) unless measured per action."""
     measured = costs.per_action or {}
     model_cost: dict[tuple[str, int], float] = {}
@@ -133,7 +148,7 @@ def _cached_durations(costs: Costs):
             return measured[action]
         key = (action.kind, action.stage)
         if key not in model_cost:
-            model_cost[key] = costs.duration(action)
+            model_cost[key] = costs.duration(action, microbatches)
         return model_cost[key]
     return duration
 
