@@ -66,6 +66,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
         patch = Rectangle((left, e.rank - 0.4), width, 0.8, facecolor=kind_colour(e.action.kind),
                           edgecolor="white", linewidth=0.5, hatch=hatch or None,
                           hatchcolor="white", zorder=2)
+        patch.pipelab_path = False
         ax.add_patch(patch)
         bars[e] = patch
         if width > span / 60 and timeline.ranks <= 16:
@@ -116,6 +117,7 @@ def _draw_path(ax, timeline, path, bars, scale) -> None:
             bar.set_edgecolor(PATH_COLOUR)
             bar.set_linewidth(2.0)
             bar.set_zorder(3)
+            bar.pipelab_path = True
         if i and step.edge == "data" and path[i - 1].event.rank != step.event.rank:
             before = path[i - 1].event
             ax.annotate("", xy=((step.event.start - t0) * scale, step.event.rank),
@@ -196,19 +198,20 @@ def _peak_label(timeline, rank: int, unit_bytes) -> str:
 
 def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bool = False,
             share: str | bool = "auto", unit_bytes=None, critical_path: bool = False,
-            phases: bool = False):
+            phases: bool = False, panel_height: float | None = None):
     """Timelines stacked in one figure, e.g. measured / replayed / simulated, or GPipe / 1F1B.
 
     `memory=True` puts each timeline's activation curves right under its Gantt chart.
     `share="auto"`: one time axis (same limits) when every timeline has the same time unit,
     and one memory scale for the memory panels that have the same memory unit; True forces
     the time axis, False gives each panel its own. `unit_bytes` (one number or {rank: bytes})
-    labels memory peaks in units and MiB. Returns the figure.
+    labels memory peaks in units and MiB. `panel_height` (inches) fixes every Gantt panel's
+    height whatever the rank count (an explorer's output then keeps its height). Returns the figure.
     """
     import matplotlib.pyplot as plt
     rows = []
     for i, tl in enumerate(timelines):
-        rows.append(("gantt", i, 0.9 + 0.45 * tl.ranks))
+        rows.append(("gantt", i, panel_height or 0.9 + 0.45 * tl.ranks))
         if memory:
             rows.append(("memory", i, 2.0))
     heights = [h for _, _, h in rows]
