@@ -215,12 +215,15 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, title) ->
     box.markers = {i: ax.scatter([], [], s=18, color="black", zorder=7)
                    for i, ax in box.memory_axes.items()}
     box.highlighted = [set() for _ in timelines]
+    box.colours = [{e: bar.get_facecolor() for e, bar in ax.pipelab_bars.items()}
+                   for _, ax in sorted(box.gantt_axes.items())]
 
     box.play = w.Play(value=0, min=0, max=len(box.frames) - 1, step=1, interval=350,
                       description="play", layout=w.Layout(width="120px"))
+    # Beside the play button the label is short, so the track gets the width.
     box.slider = w.IntSlider(value=0, min=0, max=len(box.frames) - 1, description="time",
-                             readout=False, continuous_update=True, style=ui.style(),
-                             layout=ui.layout())
+                             readout=False, continuous_update=True,
+                             style={"description_width": "50px"}, layout=ui.layout())
     box.time_label = w.HTML(layout=w.Layout(width="180px"))
     w.jslink((box.play, "value"), (box.slider, "value"))
     box.image = w.Image(format="png", layout=w.Layout(width="100%", max_width="1000px"))
@@ -263,12 +266,15 @@ def _draw_frame(box, t: float) -> None:
         box.highlighted[i] = lit
         for event, bar in ax.pipelab_bars.items():
             on_path = getattr(bar, "pipelab_path", False)
+            colour = box.colours[i][event]
             if event in lit:
-                bar.set_alpha(1.0)
+                bar.set_facecolor(colour)
                 bar.set_edgecolor(plots.PATH_COLOUR if on_path else "black")
                 bar.set_linewidth(2.5)
             else:
-                bar.set_alpha(0.6 if event.end <= now else 0.25)
+                # Dimmed towards white, still opaque: over the phase shading, a transparent
+                # box would turn muddy. Done boxes stay stronger than those still to come.
+                bar.set_facecolor(_towards_white(colour, 0.45 if event.end <= now else 0.72))
                 bar.set_edgecolor(plots.PATH_COLOUR if on_path else "white")
                 bar.set_linewidth(2.0 if on_path else 0.5)
         if box.messages:
@@ -297,3 +303,8 @@ def _draw_frame(box, t: float) -> None:
     box.time_label.value = text[0]
     box.status.value = ("<div style='font-family: monospace; font-size: 12px; "
                         "line-height: 20px; white-space: pre'>" + "<br>".join(text) + "</div>")
+
+
+def _towards_white(rgba, share: float) -> tuple:
+    r, g, b = rgba[:3]
+    return (r + (1 - r) * share, g + (1 - g) * share, b + (1 - b) * share, 1.0)

@@ -63,7 +63,8 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
                            style=ui.style(), layout=ui.layout("420px"))
     else:
         field = w.Text(placeholder="a number" if judge.numeric else "your answer",
-                       description="your answer", style=ui.style(), layout=ui.layout("420px"))
+                       description="your answer", continuous_update=False,
+                       style=ui.style(), layout=ui.layout("420px"))
     button = w.Button(description="Check", button_style="info", layout=w.Layout(width="100px"))
     result = w.HTML(layout=w.Layout(min_height="48px"))
     prompt = w.HTML(f"<b>Predict:</b> {html.escape(question)}")
@@ -74,7 +75,10 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
 
     shown = _show(answer, unit, tolerance if judge.numeric else 0.0)
 
+    asked = []        # the reader pressed Check at least once
+
     def on_check(_button=None) -> None:
+        asked.append(True)
         value = field.value
         if value in (None, ""):
             result.value = "<span style='color:#8a6d3b'>type an answer first</span>"
@@ -87,6 +91,15 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
                         + (f"<br>{html.escape(explain)}" if explain else ""))
 
     button.on_click(on_check)
+
+    def on_value(_change) -> None:
+        # The browser may deliver a click before the typed value (it holds back a widget's
+        # updates while an earlier one is unanswered): once the reader has asked, a value
+        # arriving later is judged too, so the verdict always matches the box.
+        if asked:
+            on_check()
+
+    field.observe(on_value, names="value")
     box.answer = answer
     box.check = judge.check
     box.field, box.button, box.result = field, button, result

@@ -1,13 +1,13 @@
 """One widget layout for every explorer: a control per row, labels of one width, usable tracks.
 
-At a 1,000-px content width (JupyterLab with the file browser open) a slider keeps a 600-px
-track beside a 220-px description; output areas keep a minimum height so that redrawing them
-does not make the page jump.
+At a 1,000-px content width (JupyterLab with the file browser open) a 660-px slider keeps a
+track of ~340 px beside a 220-px description and its readout; output areas keep a minimum
+height so that redrawing them does not make the page jump.
 """
 from __future__ import annotations
 
 DESCRIPTION_WIDTH = "220px"
-CONTROL_WIDTH = "600px"
+CONTROL_WIDTH = "660px"
 
 
 def style() -> dict:

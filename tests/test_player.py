@@ -96,8 +96,11 @@ def test_player_moves_highlights_with_the_slider(one_f):
     assert len(box.arrows) == len(messages_in_flight(one_f, t)) > 0
     bars = box.gantt_axes[0].pipelab_bars
     lit = next(iter(box.highlighted[0]))
-    assert bars[lit].get_alpha() == 1.0
-    assert all(bar.get_alpha() < 1.0 for e, bar in bars.items() if e not in box.highlighted[0])
+    def brightness(event):
+        return sum(bars[event].get_facecolor()[:3])
+    original = box.colours[0]
+    assert bars[lit].get_facecolor() == original[lit]
+    assert all(brightness(e) > sum(original[e][:3]) for e in bars if e not in box.highlighted[0])
 
 
 def test_player_takes_several_timelines_a_schedule_and_chunks():
@@ -137,6 +140,11 @@ def test_predict_numbers_with_tolerance_and_choices():
     q.field.value = "41"
     q.button.click()
     assert "right" in q.result.value and "wrong" not in q.result.value
+    late = pl.explorer.predict("makespan?", 41.0)       # the click overtakes the typed value
+    late.button.click()
+    assert "type an answer first" in late.result.value
+    late.field.value = "41"
+    assert "right" in late.result.value
     exact = pl.explorer.predict("bubble?", 3 / 11)
     assert exact.check("3/11") and exact.check(3 / 11) and not exact.check("0.27")
     assert pl.explorer.predict("share?", 0.25, tolerance=0.001).check("25%")

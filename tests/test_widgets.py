@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab import widgets  # noqa: E402
+from pipelab import ui, widgets  # noqa: E402
 
 
 def test_layer_table_and_plot():
@@ -53,7 +53,7 @@ def test_training_widget_layout_one_control_per_row():
     sliders = [parts[f"pipelab-{n}"] for n in ("layers", "width", "steps")]
     assert all(s in box.children for s in sliders)              # one per row, not in HBoxes
     assert {s.style.description_width for s in sliders} == {"220px"}
-    assert {s.layout.width for s in sliders} == {"600px"}
+    assert {s.layout.width for s in sliders} == {ui.CONTROL_WIDTH}
     assert "Train" in parts["pipelab-steps"].description        # steps act when Train is pressed
     assert parts["pipelab-plot"].layout.min_height              # the page does not jump
 
@@ -105,9 +105,9 @@ def test_explorers_use_the_shared_layout():
     rows = [c for c in box.children if not isinstance(c, w.Output)]
     assert rows == list(controls.values())                       # one control per row
     assert all(c.style.description_width == "220px" for c in rows)
-    assert all(c.layout.width == "600px" for c in rows)
+    assert all(c.layout.width == ui.CONTROL_WIDTH for c in rows)
     assert box.children[-1].layout.min_height
     balance = pl.explorer.balance_explorer(pl.ModelConfig())
     assert [type(c).__name__ for c in balance.children] == ["IntSlider", "Dropdown", "Output"]
-    assert balance.children[0].layout.width == "600px"
+    assert balance.children[0].layout.width == ui.CONTROL_WIDTH
     plt.close("all")
