@@ -198,10 +198,11 @@ def _peak_label(timeline, rank: int, unit_bytes) -> str:
 
 def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bool = False,
             share: str | bool = "auto", unit_bytes=None, critical_path: bool = False,
-            phases: bool = False, panel_height: float | None = None):
+            phases: bool = False, panel_height: float | None = None, gantt: bool = True):
     """Timelines stacked in one figure, e.g. measured / replayed / simulated, or GPipe / 1F1B.
 
-    `memory=True` puts each timeline's activation curves right under its Gantt chart.
+    `memory=True` puts each timeline's activation curves right under its Gantt chart
+    (`gantt=False` leaves the Gantt charts out: memory panels only).
     `share="auto"`: one time axis (same limits) when every timeline has the same time unit,
     and one memory scale for the memory panels that have the same memory unit; True forces
     the time axis, False gives each panel its own. `unit_bytes` (one number or {rank: bytes})
@@ -211,7 +212,8 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
     import matplotlib.pyplot as plt
     rows = []
     for i, tl in enumerate(timelines):
-        rows.append(("gantt", i, panel_height or 0.9 + 0.45 * tl.ranks))
+        if gantt or not memory:
+            rows.append(("gantt", i, panel_height or 0.9 + 0.45 * tl.ranks))
         if memory:
             rows.append(("memory", i, 2.0))
     heights = [h for _, _, h in rows]

@@ -184,6 +184,8 @@ def test_compare_shares_time_axis_and_memory_scale():
     assert legend[0] == "rank 0: peak 8 units = 36 MiB"
     assert "16 messages" in axes[2].get_title()
     plt.close("all")
+    only_memory = pl.plots.compare([gpipe, one_f], memory=True, gantt=False)
+    assert len(only_memory.axes) == 2 and "memory" in only_memory.axes[0].get_title()
     seconds = pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), pl.Costs(unit="s"))
     fig = pl.plots.compare([gpipe, seconds])                 # different units: own axes
     assert fig.axes[0].get_xlim() != fig.axes[1].get_xlim()
