@@ -73,8 +73,14 @@ def status(tl: Timeline, t: float) -> list[str]:
             starts, events = index["starts"][rank], index["events"][rank]
             i = bisect_right(starts, now)
             doing = "idle (done)" if i >= len(events) else f"idle ({_why_waiting(tl, events[i], now, comm)})"
-        lines.append(f"rank {rank} {doing}; live activations {live[rank]:.4g}")
+        lines.append(f"rank {rank} {doing}; live activations {_amount(live[rank], tl.memory_unit)}")
     return lines
+
+
+def _amount(level: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{level / 2**20:.3g} MiB" if level >= 2**20 else f"{level / 2**10:.3g} KiB"
+    return f"{level:.4g}"
 
 
 def _why_waiting(tl: Timeline, next_event: Event, now: float, comm: float) -> str:
@@ -83,8 +89,8 @@ def _why_waiting(tl: Timeline, next_event: Event, now: float, comm: float) -> st
         arrival = dep.end + (comm if dep.rank != next_event.rank else 0.0)
         if arrival > now:
             pending.append((arrival, dep))
-    if not pending:
-        return f"next: {next_event.action}"
+    if not pending:      # measured runs: the inputs are here, the rank is still getting to it
+        return f"its inputs have arrived; next: {next_event.action}"
     _, dep = max(pending, key=lambda p: (p[0], p[1].rank))
     what = "activation" if dep.action.kind == "F" else "gradient"
     where = "in flight" if dep.end <= now else f"rank {dep.rank} still computing it" \
@@ -181,7 +187,7 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, title) ->
         if memory:
             rows.append(("memory", i, 1.6))
     heights = [h for _, _, h in rows]
-    extra = 0.7 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
+    extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
     fig = Figure(figsize=(10, sum(heights) + extra + 0.3), dpi=72)
     axes = fig.subplots(len(rows), 1, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]

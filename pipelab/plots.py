@@ -10,7 +10,7 @@ PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F
 PATH_COLOUR = "#D62728"
 # Fixed margins (not tight_layout) so that every timeline figure of the same width puts its
 # time axis at the same place: a Gantt chart and a memory plot drawn one under the other align.
-MARGINS = dict(left=0.08, right=0.83)
+MARGINS = dict(left=0.1, right=0.83)
 
 
 def _axes(ax, figsize=(10, 3)):
@@ -143,7 +143,11 @@ def _multi_stage(timeline) -> bool:
 
 
 def _memory_scale(timeline) -> tuple[float, str]:
-    return (2**20, "MiB") if timeline.memory_unit == "bytes" else (1.0, timeline.memory_unit)
+    """Bytes as MiB (KiB when the peak is under 1 MiB); other units as they are."""
+    if timeline.memory_unit != "bytes":
+        return 1.0, timeline.memory_unit
+    peak = max(timeline.peak_activations().values(), default=0.0)
+    return (2**20, "MiB") if peak >= 2**20 else (2**10, "KiB")
 
 
 def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None = None,
@@ -168,7 +172,7 @@ def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None 
         levels = [level / mem_scale for _, level in curve]
         label = _peak_label(timeline, rank, unit_bytes)
         ax.step(ts, levels + levels[-1:], where="post",
-                label=f"rank {rank}" + (f": peak {label}" if label else ""))
+                label=f"rank {rank}" + (f" peak {label}" if label else ""))
     ax.set_xlim(0, end)
     ax.set_ylim(0, (ymax if ymax is not None else
                     max([lv / mem_scale for r in range(timeline.ranks)
@@ -193,7 +197,7 @@ def _peak_label(timeline, rank: int, unit_bytes) -> str:
         units, nbytes = peak / size, peak
     else:
         units, nbytes = peak, peak * size
-    return f"{units:.3g} units = {nbytes / 2**20:.3g} MiB"
+    return f"{units:.2g} units\n= {nbytes / 2**20:.3g} MiB"
 
 
 def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bool = False,
@@ -217,7 +221,7 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
         if memory:
             rows.append(("memory", i, 2.0))
     heights = [h for _, _, h in rows]
-    extra = 0.75 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
+    extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
     fig, axes = plt.subplots(len(rows), 1, figsize=(10, sum(heights) + extra + 0.3),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
     same_unit = len({t.time_unit for t in timelines}) == 1
@@ -239,7 +243,7 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
             plot_memory(tl, ax=ax, title=title, xmax=xmax, unit_bytes=unit_bytes,
                         ymax=mem_max.get(_memory_scale(tl)[1]))
     height = fig.get_figheight()
-    gaps = 0.75 * len(rows) + 0.2 * critical_path * len(timelines)   # inches for titles, labels
+    gaps = extra         # inches between panels: tick labels, axis label, a two-line title
     fig.subplots_adjust(**MARGINS, top=1 - (0.45 + 0.2 * critical_path) / height,
                         bottom=0.45 / height,
                         hspace=gaps / len(rows) / (sum(heights) / len(rows)))

@@ -181,7 +181,7 @@ def test_compare_shares_time_axis_and_memory_scale():
     rights = {round(ax.get_position().x1, 6) for ax in axes}
     assert len(lefts) == len(rights) == 1                    # panels line up
     legend = [t.get_text() for t in axes[1].get_legend().get_texts()]
-    assert legend[0] == "rank 0: peak 8 units = 36 MiB"
+    assert legend[0] == "rank 0 peak 8 units\n= 36 MiB"
     assert "16 messages" in axes[2].get_title()
     plt.close("all")
     only_memory = pl.plots.compare([gpipe, one_f], memory=True, gantt=False)
