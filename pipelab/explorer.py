@@ -1,8 +1,12 @@
-"""Interactive explorers for the notebooks: sliders in, simulated Gantt chart or stage balance out.
+"""Interactive explorers for the notebooks, and the teaching widgets they are built from.
 
-The schedule explorer draws *simulated* timelines; the balance explorer draws the FLOP model, or
-measured layer times when given. Live runs are drawn from the runtime's results with the same
-plotting functions.
+- `schedule_explorer`: sliders in, simulated Gantt chart (fixed batch or per microbatch,
+  critical path on request) out; `balance_explorer`: stage balance of a partition.
+- `player`: play a timeline back (what runs, what flies, what is live at t) — player.py.
+- `predict`: the reader commits to a number before the notebook shows it — predict.py.
+- `live_compare`: run several schedules fairly on one cluster (warm-up, alternating rounds).
+
+Every control follows ui.py: one per row, 220-px labels, long tracks, outputs of stable height.
 """
 from __future__ import annotations
 

@@ -105,6 +105,21 @@ def test_critical_path_is_a_dependent_chain_summing_to_the_makespan(name, costs)
     assert checked, f"{name}: no shape tried here builds; add one"
 
 
+HAND_WRITTEN = {   # shapes the registry may not have yet: two chunks per rank, a split backward
+    "looped": pl.Schedule.from_text("0F0 0F1 2F0 2F1 2B0 2B1 0B0 0B1\n"
+                                    "1F0 1F1 3F0 3F1 3B0 3B1 1B0 1B1", placement=[0, 1, 0, 1]),
+    "split": pl.Schedule.from_text("0F0 0F1 0I0 0I1 0W0 0W1\n1F0 1I0 1F1 1I1 1W0 1W1"),
+}
+
+
+@pytest.mark.parametrize("name", list(HAND_WRITTEN))
+@pytest.mark.parametrize("costs", list(COSTS)[:3], ids=list(COSTS)[:3])
+def test_critical_path_with_chunks_and_split_backward(name, costs):
+    tl = pl.simulate(HAND_WRITTEN[name], COSTS[costs])
+    path = _check_path(tl)
+    assert sum(s.duration + s.comm_before + s.wait_before for s in path) == tl.makespan
+
+
 def test_one_f_one_b_puts_latency_on_its_critical_path_once_per_round_trip():
     p, m, c = 4, 8, 0.5
     costs = pl.Costs(F=1.0, I=1.0, W=1.0, comm=c)
