@@ -120,7 +120,7 @@ def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
                    for _i, a, _w, start, end, cpu, _mem in step["actions"]]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
     return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
-                    memory_unit="bytes", title=spec.schedule.name)
+                    memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
 
 
 def _latency(reports: list[dict], k: int) -> float:
