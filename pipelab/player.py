@@ -270,6 +270,8 @@ def _draw_frame(box, t: float) -> None:
         ax = box.gantt_axes[i]
         lit = {e for e in running.values() if e is not None}
         box.highlighted[i] = lit
+        for event, label in ax.pipelab_labels.items():
+            label.set_color("white" if event in lit else "#444444")
         for event, bar in ax.pipelab_bars.items():
             on_path = getattr(bar, "pipelab_path", False)
             colour = box.colours[i][event]

@@ -49,7 +49,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     Where a rank holds several stages (chunks), chunk 1, 2... are hatched (and marked ' ''
     after the microbatch). `phases=True` shades each rank's warm-up / steady / cool-down;
     `critical_path=True` outlines the chain that sets the makespan and draws its messages.
-    The boxes are kept in `ax.pipelab_bars` (event -> patch) for the player.
+    The boxes and their labels are kept in `ax.pipelab_bars` / `ax.pipelab_labels`
+    (event -> artist) for the player.
     """
     from matplotlib.patches import Patch, Rectangle
     ax = _axes(ax, figsize=(10, 0.9 + 0.45 * timeline.ranks))
@@ -58,7 +59,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     span = (timeline.makespan or 1.0) * scale
     chunks = chunk_of(timeline)
     multi = max(chunks.values(), default=0) > 0
-    bars = {}
+    bars, labels = {}, {}
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
         chunk = chunks.get(e.action.stage, 0)
@@ -70,10 +71,10 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
         ax.add_patch(patch)
         bars[e] = patch
         if width > span / 60 and timeline.ranks <= 16:
-            ax.text(left + width / 2, e.rank, f"{e.action.microbatch}{chr(39) * chunk}",
-                    ha="center", va="center", fontsize=7, color="white", zorder=4,
-                    fontweight="bold" if multi else "normal")
-    ax.pipelab_bars = bars
+            labels[e] = ax.text(left + width / 2, e.rank, f"{e.action.microbatch}{chr(39) * chunk}",
+                                ha="center", va="center", fontsize=7, color="white", zorder=4,
+                                fontweight="bold" if multi else "normal")
+    ax.pipelab_bars, ax.pipelab_labels = bars, labels
     handles = [Patch(color=kind_colour(k), label=k)
                for k in sorted({e.action.kind for e in timeline.events},
                                key=lambda k: ("FBIW".find(k) % 10, k))]
