@@ -55,6 +55,21 @@ def test_compound_waits_for_the_inputs_of_every_part():
     assert pair.start == grad.end and pair.duration == 3.0      # F + (I + W), one box
 
 
+def test_a_compound_is_drawn_as_one_box_in_its_parts_colours():
+    import matplotlib
+    matplotlib.use("Agg")
+    from pipelab.plots import kind_colour
+    from matplotlib.colors import to_rgba
+    tl = pl.simulate(one_f_one_b_with_pairs())
+    ax = tl.plot()
+    pair = next(e for e in tl.events if str(e.action) == "0F1+0B0")
+    bar = ax.pipelab_bars[pair]
+    (overlay,) = bar.pipelab_overlays
+    assert bar.get_facecolor() == to_rgba(kind_colour("F"))
+    assert overlay.get_facecolor() == to_rgba(kind_colour("B"))
+    assert ax.pipelab_labels[pair].get_text() == "1/0"
+
+
 # --- collectives -------------------------------------------------------------------------------
 
 def test_a_member_that_never_reaches_a_collective_is_named():
