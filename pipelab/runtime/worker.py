@@ -52,6 +52,7 @@ def worker_main(rank: int, world: int, port: int, conn, board_array, core: int |
         dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                                 world_size=world, timeout=timedelta(seconds=group_timeout))
         from .board import Board
+        from .calls import run_call
         from .executor import run_rank, warm_up
         board = Board(board_array, world)
         warm_up()
@@ -67,8 +68,11 @@ def worker_main(rank: int, world: int, port: int, conn, board_array, core: int |
         if command == "close":
             break
         try:
-            report = run_rank(payload, rank, board,
-                              notify=lambda step, loss: reply("step", rank, step, loss))
+            if command == "call":                     # a function named by module path
+                report = run_call(payload)
+            else:
+                report = run_rank(payload, rank, board,
+                                  notify=lambda step, loss: reply("step", rank, step, loss))
             reply("done", rank, report)
         except BaseException:
             reply("error", rank, traceback.format_exc())
