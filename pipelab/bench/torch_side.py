@@ -107,8 +107,8 @@ def run_step(job: dict) -> dict:
     kwargs = {"target": targets, "losses": losses} if last else {}
     profiler = None
     if job["profile"]:
-        import cProfile
-        profiler = cProfile.Profile()
+        from .profiling import profiler as make_profiler
+        profiler = make_profiler()
     dist.barrier()                                 # every rank starts together, as ours do
     begin, cpu0 = time.perf_counter(), time.thread_time()
     if profiler is not None:
