@@ -13,8 +13,9 @@ from __future__ import annotations
 import time
 
 
-def run_step(spec, profile: bool = False, without: tuple = ()) -> dict:
-    """`without`: parts of the measuring to switch off for an ablation ("meter", "board")."""
+def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None = None) -> dict:
+    """`without`: parts of the measuring to switch off for an ablation ("meter", "board");
+    `meter`: 'module:Class' of another activation meter to measure with."""
     import torch.distributed as dist
     from multiprocessing import RawArray
     from ..runtime.board import Board
@@ -40,6 +41,9 @@ def run_step(spec, profile: bool = False, without: tuple = ()) -> dict:
     meter_class = executor.ActivationMeter
     if "meter" in without:
         executor.ActivationMeter = _NoMeter
+    elif meter is not None:                  # A/B another meter design in the same workers
+        from ..runtime.calls import resolve
+        executor.ActivationMeter = resolve(meter)
     try:
         board = Board(RawArray("d", 5 * dist.get_world_size()), dist.get_world_size())
         if "board" in without:
