@@ -75,3 +75,29 @@ class _NoMeter:
     def saving(self):
         import contextlib
         return contextlib.nullcontext()
+
+
+class HooksOnlyMeter(_NoMeter):
+    """Ablation: saved-tensor hooks that do nothing (pack and unpack return the tensor): the
+    floor any hook-based meter pays. Leaks a graph that never runs backward; in a pipeline
+    step every forward's graph is consumed by its backward."""
+
+    def saving(self):
+        import torch
+        return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
+class DetachMeter(_NoMeter):
+    """Ablation: hooks that keep a detached alias of each saved tensor, and count nothing."""
+
+    def saving(self):
+        import torch
+        return torch.autograd.graph.saved_tensors_hooks(_detached, _same)
+
+
+def _same(tensor):
+    return tensor
+
+
+def _detached(tensor):
+    return tensor.detach()
