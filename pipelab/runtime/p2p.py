@@ -38,7 +38,10 @@ def post_recv(transfer: Transfer, shape: tuple[int, ...], dtype: torch.dtype = t
 def send(transfer: Transfer, tensor: torch.Tensor, pending: list) -> None:
     """Post the send of `tensor` for `transfer`; its handle (and the tensor, which must stay
     alive until the receiver has it) goes on `pending`."""
-    payload = tensor.detach().contiguous()
+    # Handlers already hand over detached outputs; detach (a new tensor object) only if not.
+    payload = tensor.detach() if tensor.requires_grad else tensor
+    if not payload.is_contiguous():
+        payload = payload.contiguous()
     pending.append((_group().send([payload], transfer.dst, transfer.tag), payload))
 
 
