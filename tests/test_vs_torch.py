@@ -143,3 +143,37 @@ def test_meter_release_follows_autograd_per_tensor():
     assert meter.live == held
     del dropped                                    # a graph dropped without backward frees too
     assert meter.live == 0
+
+
+def _looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> pl.Schedule:
+    """A stand-in for pipelab's looped-bfs (being written on another branch): each rank runs
+    every forward of its first stage, then of its next, then the backwards in reverse."""
+    rows = []
+    for rank in range(ranks):
+        mine = [rank + c * ranks for c in range(chunks)]
+        rows.append([pl.Action(s, "F", mb) for s in mine for mb in range(microbatches)] +
+                    [pl.Action(s, "B", mb) for s in reversed(mine) for mb in range(microbatches)])
+    return pl.Schedule(rows, pl.loop_placement(ranks, chunks), microbatches, name="looped-bfs")
+
+
+def test_the_benchmark_pairs_a_multi_stage_schedule_with_torch(cluster, monkeypatch, capsys):
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_torch.py"
+    spec = importlib.util.spec_from_file_location("vs_torch", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    if "looped-bfs" not in pl.SCHEDULES:
+        monkeypatch.setitem(pl.SCHEDULES, "looped-bfs", _looped_bfs)
+    found = {name: (sched, cls, style) for name, sched, cls, style in bench.pairs(2, 4, 2)}
+    assert {"gpipe", "1f1b", "looped-bfs"} <= set(found)
+    sched, cls, style = found["looped-bfs"]
+    assert (cls, style, sched.placement) == ("ScheduleLoopedBFS", "loop", (0, 1, 0, 1))
+    row = bench.compare(cluster, "looped-bfs", sched, cls, style, CFG, batch=8, steps=2, warmup=0)
+    assert row["err"] <= 1e-5 and row["torch_err"] <= 1e-5
+    assert row["loss"] == pytest.approx(row["ref_loss"], rel=1e-6)
+    assert row["torch_loss"] == pytest.approx(row["ref_loss"], rel=1e-6)
+    assert row["ours_ms"] > 0 and row["torch_ms"] > 0
+    bench.print_tables(sched, cls)
+    out = capsys.readouterr().out
+    assert "rank 1 torch: 1F0 1F1 1F2 1F3 3F0" in out        # torch's loop placement, read back

@@ -136,11 +136,22 @@ def sched_actions(sched, rank: int) -> list[str]:
 
 def torch_table(cls_name: str, ranks: int, microbatches: int, chunks: int = 1) -> list[list[str]]:
     """torch's private schedule table (`pipeline_order`), read without processes: per rank, its
-    compute actions as strings ('.' for torch's idle slots dropped)."""
-    from torch.distributed.pipelining import schedules
-    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+    compute actions as strings (torch's idle slots dropped).
+
+    Built as torch's `_schedule_visualizer.get_schedule_ops` builds it, from mock stages, but
+    without its check that multi-stage classes have two stages per rank: they also run with
+    one (zb-h1 against ScheduleInterleavedZeroBubble)."""
+    from unittest import mock
+    from torch.distributed.pipelining import PipelineStage, schedules
     cls = getattr(schedules, cls_name)
-    per_rank = None if issubclass(cls, schedules.PipelineScheduleSingle) else chunks
-    ops = get_schedule_ops(cls, ranks, microbatches, per_rank)
-    return [[str(a) for a in row if a is not None and a.computation_type.value in "FBIW"]
-            for row in ops]
+    stage = mock.create_autospec(PipelineStage, instance=True)
+    stage.group_rank, stage.group_size, stage.submod = 0, ranks, None
+    stage.num_stages = ranks * chunks
+    if issubclass(cls, schedules.PipelineScheduleSingle):
+        if chunks != 1:
+            raise ValueError(f"{cls_name} runs one stage per rank, not {chunks}")
+        order = cls(stage, microbatches).pipeline_order
+    else:
+        order = cls([stage] * chunks, microbatches).pipeline_order
+    return [[str(a) for a in order[rank] if a is not None
+             and a.computation_type.value in ("F", "B", "I", "W")] for rank in range(ranks)]
