@@ -36,7 +36,9 @@ class ActivationMeter:
         self._exclude_data = {p.data_ptr() for p in parameters} | self._exclude
         self._count: dict[int, int] = {}     # storage address -> saved tensors using it
         self._bytes: dict[int, int] = {}     # storage address -> its size
-        self._keys: dict[weakref.ref, int] = {}   # watcher of a saved alias -> storage address
+        # id(watcher) -> (watcher, storage address). Keyed by id: a weak reference hashes as its
+        # tensor does, and Tensor.__hash__ is a Python function (a call per save and release).
+        self._watchers: dict[int, tuple[weakref.ref, int]] = {}
         self._on_free = self._release        # one bound method shared by every watcher
         self.live = 0
         self.peak = 0
@@ -61,11 +63,12 @@ class ActivationMeter:
         else:
             self._count[key] = count + 1
         packed = tensor.detach()
-        self._keys[weakref.ref(packed, self._on_free)] = key
+        watcher = weakref.ref(packed, self._on_free)
+        self._watchers[id(watcher)] = (watcher, key)
         return packed
 
     def _release(self, ref: weakref.ref) -> None:
-        key = self._keys.pop(ref)
+        key = self._watchers.pop(id(ref))[1]
         count = self._count[key] - 1
         if count:
             self._count[key] = count
