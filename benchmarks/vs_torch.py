@@ -16,8 +16,10 @@ Printed per schedule and size: each side's loss and max relative gradient error 
 unsplit `pl.ToyGPT(cfg)` on the same batch; each side's step time, the median over `--steps`
 steps after `--warmup`, a step being defined identically on both sides: from the end of a
 barrier to the last rank finishing the forward and backward of every microbatch (no optimizer);
-and the ratio ours/torch. Then the two schedule tables side by side (torch's private
-`pipeline_order`, read without processes).
+and the ratio ours/torch; and the thread CPU time of the busiest rank over the same span
+(ours measured by `pipelab.bench.ours_side`, the same executor with the same measuring), which a
+loaded machine does not distort the way it distorts wall-clock time. Then the two schedule
+tables side by side (torch's private `pipeline_order`, read without processes).
 
 `--profile` adds where each side's CPU goes per action (thread CPU time, which a loaded machine
 does not distort the way it distorts wall-clock time): total per action from unprofiled steps,
@@ -28,6 +30,7 @@ Wall-clock figures are only meaningful on a quiet machine: the load average is p
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import inspect
 import os
 import statistics
@@ -92,21 +95,33 @@ def compare(cluster, name, sched, torch_class, style, cfg, batch, steps, warmup)
     grads = {k: g for rep in theirs for k, g in (rep["grads"] or {}).items()}
     ref_loss, torch_err, _ = reference_check(first.spec, grads)
     torch_losses = [x for rep in theirs for x in rep["losses"]]
+    spec = dataclasses.replace(first.spec, check=False)
     ours_ms, torch_ms = [], []
-    for k in range(warmup + steps):              # alternate: both see the same background load
+    ours_cpu, torch_cpu = [], []                 # per step: thread CPU seconds of each rank
+    for k in range(warmup + steps):              # alternate: all see the same background load
         res = cluster.run(sched, model=cfg, partition=bounds, batch_size=batch, check=False,
                           progress=False)
         reps = cluster.call(TORCH_STEP, job)
+        mine = cluster.call(OURS_STEP, spec)     # the same executor, CPU time recorded
         if k >= warmup:
             # Timeline times count from the earliest rank's start of step (just after the
             # barrier), so the latest end is the step time.
             ours_ms.append(max(e.end for e in res.timeline.events) * 1e3)
             torch_ms.append((max(r["end"] for r in reps) - min(r["begin"] for r in reps)) * 1e3)
+            ours_cpu.append([r["cpu"] for r in mine])
+            torch_cpu.append([r["cpu"] for r in reps])
     return {"name": name, "torch": torch_class, "sched": sched, "job": job,
             "loss": first.loss, "torch_loss": sum(torch_losses) / len(torch_losses),
             "ref_loss": ref_loss, "err": first.max_grad_error, "torch_err": torch_err,
             "ours_ms": statistics.median(ours_ms), "torch_ms": statistics.median(torch_ms),
+            "ours_cpu": _busiest(ours_cpu), "torch_cpu": _busiest(torch_cpu),
             "spread": (_iqr(ours_ms), _iqr(torch_ms))}
+
+
+def _busiest(per_step: list[list[float]]) -> float:
+    """Milliseconds of CPU of the busiest rank (median over steps, rank by rank)."""
+    return max(statistics.median(step[r] for step in per_step)
+               for r in range(len(per_step[0]))) * 1e3
 
 
 def _iqr(xs: list[float]) -> float:
@@ -117,14 +132,18 @@ def _iqr(xs: list[float]) -> float:
 def print_rows(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
     print(f"\n{size}-bound: d_model {cfg.d_model}, {cfg.n_layers} blocks, microbatches of "
           f"{rows_per_mb} x {cfg.seq_len} tokens")
-    head = (f"{'schedule':<17}{'torch class':<31}{'loss ours':>10}{'torch':>10}{'ref':>10}"
-            f"{'grad err':>10}{'torch':>9}{'ours ms':>9}{'torch ms':>9}{'ours/torch':>11}")
+    print("wall: step time, median; CPU: thread CPU of the busiest rank in the same span, "
+          "median (stable under load); ratios ours/torch")
+    head = (f"{'schedule':<12}{'torch class':<31}{'loss ours':>10}{'torch':>9}{'ref':>9}"
+            f"{'grad err':>9}{'torch':>8}{'wall ms':>9}{'torch':>8}{'ratio':>7}"
+            f"{'CPU ms':>8}{'torch':>7}{'ratio':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['name']:<17}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>10.5f}"
-              f"{r['ref_loss']:>10.5f}{r['err']:>10.1e}{r['torch_err']:>9.1e}"
-              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>9.2f}{r['ours_ms'] / r['torch_ms']:>11.2f}")
+        print(f"{r['name']:<12}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>9.5f}"
+              f"{r['ref_loss']:>9.5f}{r['err']:>9.1e}{r['torch_err']:>8.1e}"
+              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
+              f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}")
 
 
 def print_tables(sched: pl.Schedule, torch_class: str) -> None:
@@ -234,10 +253,12 @@ def main() -> None:
           f"{load_after[2]:.1f} after; wall-clock ratios need a quiet machine, CPU per action "
           f"(--profile) does not")
     worst = max(r["ours_ms"] / r["torch_ms"] for rows in results.values() for r in rows)
+    worst_cpu = max(r["ours_cpu"] / r["torch_cpu"] for rows in results.values() for r in rows)
     exact = all(r["err"] <= 1e-5 and r["torch_err"] <= 1e-5
                 for rows in results.values() for r in rows)
     print(f"target ours/torch <= 1.00 for every schedule and size: "
-          f"{'met' if worst <= 1.0 else 'NOT met'} (worst {worst:.2f}); both gradient-exact "
+          f"{'met' if worst <= 1.0 else 'NOT met'} (worst {worst:.2f} wall, {worst_cpu:.2f} "
+          f"CPU); both gradient-exact "
           f"(<= 1e-5): {'yes' if exact else 'NO'}")
 
 
