@@ -134,13 +134,13 @@ def print_rows(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
           f"{rows_per_mb} x {cfg.seq_len} tokens")
     print("wall: step time, median; CPU: thread CPU of the busiest rank in the same span, "
           "median (stable under load); ratios ours/torch")
-    head = (f"{'schedule':<12}{'torch class':<31}{'loss ours':>10}{'torch':>9}{'ref':>9}"
+    head = (f"{'schedule':<18}{'torch class':<31}{'loss ours':>10}{'torch':>9}{'ref':>9}"
             f"{'grad err':>9}{'torch':>8}{'wall ms':>9}{'torch':>8}{'ratio':>7}"
             f"{'CPU ms':>8}{'torch':>7}{'ratio':>7}")
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['name']:<12}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>9.5f}"
+        print(f"{r['name']:<18}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>9.5f}"
               f"{r['ref_loss']:>9.5f}{r['err']:>9.1e}{r['torch_err']:>8.1e}"
               f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
               f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}")
@@ -162,7 +162,7 @@ def print_tables(sched: pl.Schedule, torch_class: str) -> None:
         if ours == theirs[rank]:
             print("           same actions, same order")
             continue
-        forwards = sorted(int(a.split("F")[1]) for a in theirs[rank] if "F" in a)
+        forwards = sorted({int(a.split("F")[1]) for a in theirs[rank] if "F" in a})
         if forwards and forwards != list(range(sched.microbatches)):
             print(f"           torch's table numbers this rank's forwards {forwards[0]}..{forwards[-1]}"
                   f", not 0..{sched.microbatches - 1}: a wart of torch 2.13's "
@@ -220,12 +220,16 @@ def main() -> None:
                         "schedule takes chunks")
     parser.add_argument("--steps", type=int, default=12)
     parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--sizes", default="compute,overhead")
+    parser.add_argument("--sizes", default="compute,overhead",
+                        help=f"comma-separated, from: {', '.join(SIZES)}")
     parser.add_argument("--no-tables", action="store_true")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
     if args.steps < 10:
-        sys.exit("--steps must be at least 10 (a median of fewer steps is noise)")
+        parser.error("--steps must be at least 10 (a median of fewer steps is noise)")
+    unknown = [size for size in args.sizes.split(",") if size not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown size(s) {unknown}; choose from {', '.join(SIZES)}")
     load_before = os.getloadavg()
     comparable = pairs(args.ranks, args.microbatches, args.chunks)
     results = {}
