@@ -4,7 +4,6 @@ One LocalCluster per rank count, shared by the module (starting workers costs se
 """
 from __future__ import annotations
 
-import math
 import statistics
 import time
 
@@ -33,7 +32,17 @@ def clusters():
 def assert_exact(res: pl.RunResult) -> None:
     assert res.max_grad_error <= 1e-5, res.grad_errors
     assert res.loss == pytest.approx(res.reference_loss, rel=1e-6)
-    assert len(res.grad_errors) == len(list(pl.ToyGPT(res.spec.cfg).parameters()))
+
+
+def reference_microbatch_losses(res: pl.RunResult) -> list[float]:
+    """Each microbatch's loss under the unsplit model, from the batch the run was given."""
+    spec = res.spec
+    x, y = pl.get_batch(spec.batch_size, spec.cfg.seq_len,
+                        generator=torch.Generator().manual_seed(spec.seed))
+    model = pl.ToyGPT(spec.cfg)
+    with torch.no_grad():
+        return [model.loss(px, py).item()
+                for px, py in pl.split_microbatches(x, y, spec.schedule.microbatches)]
 
 
 @pytest.mark.parametrize("ranks,microbatches", [(2, 4), (3, 6), (4, 8)])
@@ -42,8 +51,9 @@ def test_gradients_match_the_unsplit_model(clusters, name, ranks, microbatches):
     sched = pl.schedule(name, ranks=ranks, microbatches=microbatches)
     res = clusters(ranks).run(sched, model=CFG, seed=3)
     assert_exact(res)
-    assert len(res.losses) == microbatches
-    assert res.loss == pytest.approx(sum(res.losses) / microbatches, rel=1e-9)
+    # Per microbatch, in order: a microbatch's loss reported under another's number (which the
+    # batch loss and the summed gradients cannot see) fails here.
+    assert res.losses == pytest.approx(reference_microbatch_losses(res), rel=1e-6)
 
 
 @pytest.mark.parametrize("bounds", [[(0, 5), (5, 6)], [(0, 1), (1, 6)]])
@@ -116,7 +126,7 @@ def test_timeline_is_measured_and_replayed(clusters):
     for e in res.simulated.events:
         same = [c for a, c in cpu.items() if (a.kind, a.stage) == (e.action.kind, e.action.stage)]
         assert e.duration == pytest.approx(statistics.median(same))
-    assert res.replay.makespan > 0 and res.comm_latency > 0     # a message takes time
+    assert res.comm_latency > 0                                 # a message takes time
     assert set(res.recv_wait) == {0, 1}
 
 
@@ -144,9 +154,12 @@ def test_result_prints_a_table(clusters):
     for needle in ("measured", "replayed", "simulated", "makespan", "bubble fraction",
                    "max grad error", "peak activations", "reference"):
         assert needle in text
-    summary = res.summary()
-    assert summary["makespan"]["measured"] == res.timeline.makespan
-    assert math.isfinite(summary["loss"])
+    # The columns are what their headers say: measured, replayed, simulated, in that order.
+    row = next(line for line in text.splitlines() if line.startswith("makespan (ms)"))
+    shown = [float(v) for v in row.split()[2:]]
+    views = [res.timeline, res.replay, res.simulated]
+    assert shown == [round(t.makespan * 1e3, 2) for t in views]
+    assert f"max grad error {res.max_grad_error:.1e}" in text
 
 
 def test_check_false_skips_the_reference(clusters):
