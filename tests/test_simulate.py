@@ -64,7 +64,8 @@ def reference_simulation(sched, F, I, W, comm, i_frees):
     """Start/end of every action and peak activations per rank, by relaxation to a fixed point
     (longest path), with the dependency rules written out by hand: F(s) needs F(s-1); B or I
     of s needs F(s) and the input gradient (B or I) of s+1; W needs I; comm on cross-rank edges.
-    Memory: F adds 1/v at its start, B frees 1/v, I i_frees/v and W the rest at their end."""
+    Memory: F adds 1/v at its start, B frees 1/v, I i_frees/v and W the rest at their end;
+    changes at one instant are merged into one step of the curve."""
     place, last = sched.placement, sched.stages - 1
     ran = {a for acts in sched.actions for a in acts}
     cost = {"F": F, "I": I, "W": W, "B": [i + w for i, w in zip(I, W)]}
@@ -94,20 +95,19 @@ def reference_simulation(sched, F, I, W, comm, i_frees):
                 free = end[a]
         if not changed:
             break
-    peaks = {}
+    curves = {}
     for rank, acts in enumerate(sched.actions):
         v = len(sched.stages_of(rank))
         frees = {"F": 0.0, "B": 1.0, "I": i_frees, "W": 1.0 - i_frees}
-        changes = {}
+        changes = {0.0: 0.0}
         for a in map(tuple, acts):
             t, delta = (start[a], 1 / v) if a[1] == "F" else (end[a], -frees[a[1]] / v)
             changes[t] = changes.get(t, 0.0) + delta
-        level = peak = 0.0
+        level, curves[rank] = 0.0, []
         for t in sorted(changes):
             level += changes[t]
-            peak = max(peak, level)
-        peaks[rank] = peak
-    return start, end, peaks
+            curves[rank].append((t, level))
+    return start, end, curves
 
 
 SECOND_METHOD = [("gpipe", {}), ("1f1b", {}), ("interleaved-1f1b", {"chunks": 2}),
@@ -124,13 +124,15 @@ def test_simulator_agrees_with_a_second_method(name, options, comm):
         I = [1.5 - 0.5 * (s % 2) for s in range(stages)]
         W = [0.5 + 0.25 * (s % 2) for s in range(stages)]
         tl = pl.simulate(sched, pl.Costs(F=F, I=I, W=W, comm=comm), i_frees=0.25)
-        start, end, peaks = reference_simulation(sched, F, I, W, comm, 0.25)
+        start, end, curves = reference_simulation(sched, F, I, W, comm, 0.25)
         got = {(tuple(e.action), edge): t for e in tl.events
                for edge, t in (("start", e.start), ("end", e.end))}
         want = {(a, edge): t[a] for a in start for edge, t in (("start", start), ("end", end))}
         assert got == pytest.approx(want), (p, m)
         assert tl.makespan == pytest.approx(max(end.values())), (p, m)
-        assert tl.peak_activations() == pytest.approx(peaks), (p, m)
+        for rank, curve in curves.items():          # the whole activation curve, step by step
+            assert [x for point in tl.memory_curve(rank) for x in point] == \
+                pytest.approx([x for point in curve for x in point], abs=1e-9), (p, m, rank)
 
     if comm == 0.0 and name == "1f1b":
         _, end, _ = reference_simulation(pl.schedule("1f1b", ranks=4, microbatches=8),
