@@ -8,7 +8,7 @@ import pipelab as pl
 import pipelab_test_kinds  # noqa: F401 - registers the SY collective (and its handler)
 from pipelab.runtime import register_handler
 from pipelab.runtime.handlers import HANDLERS
-from pipelab.schedules import (KIND_SPECS, NO_MICROBATCH, Action, Compound, Schedule,
+from pipelab.schedules import (KIND_SPECS, NO_MICROBATCH, Action, Compound, Input, Schedule,
                                ScheduleError, comm_plan, register_kind)
 from pipelab.timeline import Event, Timeline
 
@@ -226,3 +226,28 @@ def test_each_transfer_has_the_shape_and_dtype_its_producer_declares(cluster):
         [("1Ls0", "0Lr0", "loss copy"), ("1Ls1", "0Lr1", "loss copy")]
     res = cluster.run(sched, model=CFG)      # Lr raises in the worker on a wrong message
     assert res.max_grad_error <= 1e-5
+
+
+def test_a_kind_registered_again_is_validated_again():
+    # A notebook cell run again with other inputs must not hide behind the validation cache.
+    register_kind("Xq", "a step-wide test kind", per_microbatch=False, module="tests",
+                  cost=lambda costs, stage: 0.0)
+    sched = Schedule.from_text("0Xq 0F0 0B0\n1F0 1B0").validate()
+    register_kind("Xq", "now it waits for stage 1's forward", per_microbatch=False,
+                  module="tests", cost=lambda costs, stage: 0.0,
+                  inputs=lambda schedule, a: [Input("after", Action(1, "F", 0), carries=False)])
+    with pytest.raises(ScheduleError, match="deadlock"):
+        sched.validate()
+    del KIND_SPECS["Xq"]
+
+
+def test_a_step_wide_action_on_one_rank_validates_and_is_costed():
+    register_kind("Up", "optimizer update (test)", per_microbatch=False, module="tests",
+                  cost=lambda costs, stage: 0.5)
+    sched = Schedule.from_text("0F0 0B0 0Up\n1F0 1B0 1Up").validate()
+    tl = pl.simulate(sched, pl.Costs(F=1, I=1, W=1))
+    ends = {str(e.action): e.end for e in tl.events}
+    assert ends["1Up"] == 4.5 and ends["0Up"] == 6.5 and tl.makespan == 6.5
+    with pytest.raises(ScheduleError, match="0Up appears twice"):
+        Schedule.from_text("0F0 0B0 0Up 0Up\n1F0 1B0 1Up").validate()
+    del KIND_SPECS["Up"]

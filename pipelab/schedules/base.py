@@ -107,7 +107,8 @@ class Schedule:
 
     def execution_order(self) -> list:
         """A validated execution order (graph.py), cached while the schedule is unchanged."""
-        key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)))
+        from .kinds import VERSION
+        key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)), VERSION[0])
         if self._checked is None or self._checked[0] != key:
             from .validate import validate
             self._checked = (key, validate(self))

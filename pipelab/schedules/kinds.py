@@ -48,6 +48,9 @@ class KindSpec:
 
 KIND_SPECS: dict[str, KindSpec] = {}
 KINDS: dict[str, str] = {}         # kind -> description, for messages and docs
+# Bumped by every registration: a schedule validated before a kind changed (a notebook cell
+# run again with other inputs) must be validated again, so its cache key includes this.
+VERSION = [0]
 
 
 def register_kind(kind: str, description: str, *, inputs: Callable | None = None,
@@ -67,6 +70,7 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
                     float(memory), cost, per_microbatch, members, module)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
+    VERSION[0] += 1
     return spec
 
 

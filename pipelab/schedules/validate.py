@@ -102,8 +102,10 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
                 if a.stage not in own:
                     raise ScheduleError(f"{a} is on rank {rank}, but stage {a.stage} lives on rank "
                                         f"{s.placement[a.stage]}", s, here)
-                raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} and "
-                                    f"rank {rank} step {index})", s, [seen[a], (rank, index)])
+                if a in seen:
+                    raise ScheduleError(f"{a} appears twice (rank {seen[a][0]} step {seen[a][1]} "
+                                        f"and rank {rank} step {index})", s, [seen[a], (rank, index)])
+                seen[a] = (rank, index)      # a step-wide action (no microbatch): sound
     for a, ranks in collective_seen.items():
         members = members_of(s, a)
         absent = [r for r in members if r not in ranks]
