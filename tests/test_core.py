@@ -149,6 +149,16 @@ def test_compound_steps_run_live_and_exactly(cluster):
     assert any(str(e.action) == "0F1+0B0" for e in res.timeline.events)
 
 
+def test_send_buffers_are_counted_apart_from_activations(cluster):
+    m = 4
+    res = cluster.run(pl.schedule("gpipe", ranks=2, microbatches=m), model=CFG)
+    boundary = res.spec.rows_per_microbatch * CFG.seq_len * CFG.d_model * 4     # float32 bytes
+    # Sends are waited on at the end of the step (a gloo send completes only when the peer
+    # posts its receive), so each rank holds every message it sent until then.
+    assert res.send_buffer_peak == {0: m * boundary, 1: m * boundary}
+    assert "peak send buffers" in res.table()
+
+
 def test_a_collective_from_a_user_module_runs_on_every_member(cluster):
     sched = Schedule.from_text("0F0 0B0 0SY\n1F0 1B0 0SY", placement=[0, 1]).validate()
     res = cluster.run(sched, model=CFG)

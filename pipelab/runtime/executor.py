@@ -157,13 +157,16 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
                 for transfer in step.send:
                     if transfer.producer == part:
                         p2p.send(transfer, out, pending)
+                        state.meter.hold_send(out.numel() * out.element_size())
         end, cpu = clock(), cpu_clock() - cpu0
         actions.append((i, item, waited_from, start, end, cpu, state.meter.live))
         memory.append((end, state.meter.live))
     board.set(rank, k, len(plan), SENDS)
     p2p.wait_all(pending)
+    state.meter.sends_done()
     return {"begin": begin, "actions": actions, "recvs": recvs, "memory": memory,
-            "losses": dict(state.losses), "peak": state.meter.peak}
+            "losses": dict(state.losses), "peak": state.meter.peak,
+            "send_peak": state.meter.sending_peak}
 
 
 def _post(step, wires) -> list:

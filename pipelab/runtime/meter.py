@@ -33,6 +33,8 @@ class ActivationMeter:
         self._refs: dict[int, list[int]] = {}        # storage address -> [saved count, bytes]
         self.live = 0
         self.peak = 0
+        self.sending = 0             # bytes of posted sends not yet known to be delivered
+        self.sending_peak = 0
 
     def _acquire(self, key: int, nbytes: int) -> None:
         entry = self._refs.get(key)
@@ -66,6 +68,14 @@ class ActivationMeter:
     def saving(self):
         """Context manager: tensors saved for backward inside it are counted."""
         return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+
+    def hold_send(self, nbytes: int) -> None:
+        """A send buffer, alive until its send is waited on (counted apart from activations)."""
+        self.sending += nbytes
+        self.sending_peak = max(self.sending_peak, self.sending)
+
+    def sends_done(self) -> None:
+        self.sending = 0
 
     def reset_peak(self) -> None:
         self.peak = self.live

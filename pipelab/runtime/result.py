@@ -36,6 +36,7 @@ class RunResult:
     max_grad_error: float | None = None
     grad_errors: dict[str, float] = field(default_factory=dict)
     timelines: list[Timeline] = field(default_factory=list)   # measured, one per step
+    send_buffer_peak: dict[int, int] = field(default_factory=dict)   # bytes held by posted sends
     wall_time: float = 0.0              # seconds the caller waited for the run
 
     @property
@@ -59,6 +60,7 @@ class RunResult:
                 "loss": self.loss, "reference_loss": self.reference_loss,
                 "max_grad_error": self.max_grad_error, "loss_history": self.loss_history,
                 "peak_activation_bytes": self.peak_activations, "recv_wait": self.recv_wait,
+                "send_buffer_peak": self.send_buffer_peak,
                 "comm_latency": self.comm_latency, "wall_time": self.wall_time}
 
     def _views(self) -> list[Timeline]:
@@ -91,6 +93,8 @@ class RunResult:
                      "".join(f"{self.peak_activations[r] / 2**20:11.3f}" for r in ranks))
         busy = self.timeline.busy()
         lines.append(f"{'busy (ms)':22}" + "".join(f"{busy[r] * 1e3:11.2f}" for r in ranks))
+        lines.append(f"{'peak send buffers (MiB)':22}" +
+                     "".join(f"{self.send_buffer_peak.get(r, 0) / 2**20:11.3f}" for r in ranks))
         lines.append(f"{'waiting in recv (ms)':22}" +
                      "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
@@ -167,7 +171,9 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     result = RunResult(spec, timelines[-1], replay, modelled,
                        losses=[first[mb] for mb in range(sched.microbatches)],
                        loss=history[0], loss_history=history, comm_latency=comm,
-                       recv_wait=wait, timelines=timelines, wall_time=wall_time)
+                       recv_wait=wait, timelines=timelines, wall_time=wall_time,
+                       send_buffer_peak={rep["rank"]: rep["steps"][last]["send_peak"]
+                                         for rep in reports})
     if spec.check:
         grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)

@@ -21,7 +21,8 @@ def unit_steps(schedule) -> list[list[int]] | None:
 
 
 def render_grid(schedule, mark: Iterable[tuple[int, int]] = (), window: int | None = None) -> str:
-    """Rows are steps, columns ranks. `mark` holds (rank, position) pairs to bracket with >…<.
+    """Rows are steps, columns ranks. `mark` holds (rank, position) pairs to bracket with >…<;
+    a position past a rank's last action (something missing there) shows as `>?<` after it.
 
     With `window`, only the rows within `window` steps of a marked cell are shown.
     """
@@ -39,9 +40,14 @@ def render_grid(schedule, mark: Iterable[tuple[int, int]] = (), window: int | No
                 text = f">{text}<"
                 marked_rows.add(steps[rank][index])
             cells[steps[rank][index]][rank] = text
-    for rank, index in marks:   # a marked position past the end (e.g. a missing action)
+    for rank, index in sorted(marks):   # a marked position past the end: a missing action
         if index >= len(schedule.actions[rank]):
-            marked_rows.add(min(index, n_rows - 1) if n_rows else 0)
+            row = steps[rank][-1] + 1 if steps[rank] else 0
+            while len(cells) <= row:
+                cells.append(["."] * schedule.ranks)
+            cells[row][rank] = ">?<"
+            marked_rows.add(row)
+    n_rows = len(cells)
 
     width = max([len(f"rank {schedule.ranks - 1}")] + [len(c) for row in cells for c in row])
     header = "step | " + " ".join(f"rank {r}".ljust(width) for r in range(schedule.ranks))
