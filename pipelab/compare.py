@@ -300,3 +300,103 @@ def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
     measured = {"base": median_of(base_runs, lambda r: r.timeline.makespan),
                 "new": median_of(new_runs, lambda r: r.timeline.makespan)}
     return GainCheck(costs, predicted, replayed, measured)
+
+
+# --- explorers (sliders in, simulated pictures out) ----------------------------------------------
+
+def _slider_box(controls: dict, draw):
+    import ipywidgets as w
+    from IPython.display import display
+    out = w.interactive_output(draw, controls)
+    box = w.VBox([*controls.values(), out])
+    box.controls = controls
+    display(box)
+    return box
+
+
+def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2,
+                          comm: float = 0.0):
+    """Sliders for v, p, m and the communication cost (in units of a rank's forward): 1F1B and
+    interleaved 1F1B simulated for the same model on one time axis, with the crossover."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
+    controls = {
+        "chunks": w.IntSlider(value=chunks, min=1, max=4, description="chunks per rank v",
+                              style=style, layout=layout),
+        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
+                             layout=layout),
+        "microbatches": w.IntSlider(value=microbatches, min=2, max=32, description="microbatches m",
+                                    style=style, layout=layout),
+        "comm": w.FloatSlider(value=comm, min=0.0, max=2.0, step=0.05,
+                              description="message cost c (× rank's forward)", style=style,
+                              layout=layout),
+    }
+
+    def draw(chunks, ranks, microbatches, comm):
+        costs = Costs(comm=comm)
+        try:
+            plain = simulate_named("1f1b", ranks, microbatches, costs)
+            inter = simulate_named("interleaved-1f1b", ranks, microbatches, costs, chunks=chunks)
+        except ValueError as error:
+            print(f"refused: {error}")
+            return
+        compare_plot([plain, inter], titles=["1F1B", f"interleaved 1F1B, v={chunks}"])
+        plt.show()
+        gain = interleaving_gain(ranks, microbatches, chunks, comm)
+        print(f"simulated makespan: 1F1B {plain.makespan:.4g}, interleaved {inter.makespan:.4g} "
+              f"({gain['saving'] / plain.makespan:+.1%} saved); messages per step "
+              f"{gain['messages_1f1b']} -> {gain['messages_interleaved']}")
+        if chunks > 1:
+            cross = crossover_comm(ranks, microbatches, chunks)
+            print("interleaving stops paying at c = "
+                  + (f"{cross:.3g} × a rank's forward" if cross is not None else "> 4 (not found)"))
+
+    return _slider_box(controls, draw)
+
+
+ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
+
+
+def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microbatches: int = 8):
+    """Sliders for F : I : W and the communication cost: the chosen schedule against 1F1B,
+    simulated for the same model (Gantt and memory), with the per-rank span and the wall-clock
+    makespan both printed."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
+
+    def slider(value, description, lo=0.25, hi=3.0, step=0.25):
+        return w.FloatSlider(value=value, min=lo, max=hi, step=step, description=description,
+                             style=style, layout=layout)
+
+    controls = {
+        "name": w.Dropdown(options=list(names), value=names[1] if len(names) > 1 else names[0],
+                           description="schedule", style=style, layout=layout),
+        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
+                             layout=layout),
+        "microbatches": w.IntSlider(value=microbatches, min=1, max=32,
+                                    description="microbatches m", style=style, layout=layout),
+        "F": slider(1.0, "forward F"), "I": slider(1.0, "input gradient I"),
+        "W": slider(1.0, "weight gradient W"),
+        "comm": slider(0.0, "message cost c", lo=0.0, hi=1.0, step=0.05),
+    }
+
+    def draw(name, ranks, microbatches, F, I, W, comm):  # noqa: E741
+        costs = Costs(F=F, I=I, W=W, comm=comm)
+        try:
+            base = simulate_named("1f1b", ranks, microbatches, costs)
+            tl = simulate_named(name, ranks, microbatches, costs)
+        except ValueError as error:
+            print(f"refused: {error}")
+            return
+        compare_plot([base, tl], titles=["1F1B", name], memory=False)
+        plt.show()
+        peaks = tl.peak_activations()
+        print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
+              f"longest per-rank span {longest_span(tl):.4g}; "
+              f"peak activations {max(peaks.values()):.3g} (1F1B {max(base.peak_activations().values()):.3g})")
+
+    return _slider_box(controls, draw)
