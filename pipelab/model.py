@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import integer, positive_int
+from .weight_grad import Linear
 
 
 @dataclass(frozen=True)
@@ -90,17 +91,20 @@ class Embedding(nn.Module):
 
 
 class Block(nn.Module):
-    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+    """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
+
+    Its Linears (and the head's) are `weight_grad.Linear`: nn.Linear whose weight gradient a
+    pipeline's `I` pass can leave to a later `W` pass; outside that they are plain nn.Linear."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads = cfg.n_heads
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.qkv = nn.Linear(cfg.d_model, 3 * cfg.d_model)
-        self.proj = nn.Linear(cfg.d_model, cfg.d_model)
+        self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)
+        self.proj = Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.up = nn.Linear(cfg.d_model, cfg.ffn_width)
-        self.down = nn.Linear(cfg.ffn_width, cfg.d_model)
+        self.up = Linear(cfg.d_model, cfg.ffn_width)
+        self.down = Linear(cfg.ffn_width, cfg.d_model)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         b, s, d = x.shape
@@ -124,7 +128,7 @@ class Head(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.ln = nn.LayerNorm(cfg.d_model)
-        self.out = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.out = Linear(cfg.d_model, cfg.vocab_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.ln(x))

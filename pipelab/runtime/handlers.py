@@ -72,27 +72,18 @@ def backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
 
 @register_handler("I")
 def input_backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
-    """Input-gradient half: d loss / d input, keeping the graph for the weight half (W)."""
+    """Input-gradient half: the backward of the whole stage, except that each Linear leaves its
+    weight GEMMs (with the input and output gradient they need) in the store for W. LayerNorm
+    and embedding gradients, cheap, are done here. The graph is freed, as after a full B."""
     s, mb = a.stage, a.microbatch
-    inp, out = state.saved[(s, mb)]
-    grad = inputs.get("grad")
-    state.output_grads[(s, mb)] = grad
-    if s == 0:                     # token ids have no gradient: nothing to do until W
-        return None
-    (input_grad,) = torch.autograd.grad(out, [inp], grad, retain_graph=True)
-    return input_grad
+    inp, out = state.saved.pop((s, mb))
+    with state.weight_grads.deferring(s, mb):
+        torch.autograd.backward(out, inputs.get("grad"))
+    return inp.grad if s > 0 else None
 
 
 @register_handler("W")
 def weight_backward(state: StepState, a: Action, inputs: dict) -> None:
-    """Weight-gradient half: walks the graph kept by I again, into the parameters only.
-
-    This recomputes the intermediate gradients I already computed (an honest but not optimal
-    split: real zero-bubble runtimes keep them); it frees the graph, as a full B does.
-    """
-    s, mb = a.stage, a.microbatch
-    _inp, out = state.saved.pop((s, mb))
-    grad = state.output_grads.pop((s, mb))
-    params = [p for p in state.module(s).parameters() if p.requires_grad]
-    torch.autograd.backward(out, grad, inputs=params)
+    """Weight-gradient half: just the GEMMs dW = dyᵀ·x (and db = Σ dy) that I left behind."""
+    state.weight_grads.flush(a.stage, a.microbatch)
     return None

@@ -52,14 +52,35 @@ class ActivationMeter:
             del self._refs[key]
             self.live -= entry[1]
 
-    def _pack(self, tensor: torch.Tensor):
+    def _key(self, tensor: torch.Tensor) -> tuple[int, int] | None:
+        """(storage address, bytes) of an activation; None for a parameter or an empty one."""
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
         if key in self._exclude or storage.nbytes() == 0:
+            return None
+        return key, storage.nbytes()
+
+    def hold(self, tensor: torch.Tensor) -> None:
+        """Count `tensor` as live until `drop(tensor)`: for activations kept outside autograd,
+        such as the inputs and output gradients the weight-gradient store keeps from I to W.
+        A storage already counted (saved by autograd too) is not counted twice."""
+        key = self._key(tensor)
+        if key is not None:
+            self._acquire(*key)
+
+    def drop(self, tensor: torch.Tensor) -> None:
+        """Undo one `hold(tensor)`; the bytes go when nothing else holds the storage."""
+        key = self._key(tensor)
+        if key is not None:
+            self._release(key[0])
+
+    def _pack(self, tensor: torch.Tensor):
+        key = self._key(tensor)
+        if key is None:
             return tensor
         # Keep a detached alias: holding the tensor itself would make a reference cycle
         # (output -> grad_fn -> saved -> output) that leaks when no backward ever runs.
-        return _Saved(self, tensor.detach(), key, storage.nbytes())
+        return _Saved(self, tensor.detach(), *key)
 
     @staticmethod
     def _unpack(packed):

@@ -13,6 +13,7 @@ from torch import nn
 from ..data import split_microbatches
 from ..model import ModelConfig, build_layers
 from ..schedules import Action
+from ..weight_grad import WeightGradStore
 
 
 class RankStages:
@@ -57,7 +58,8 @@ class StepState:
         self.last_stage = schedule.stages - 1
         self.meter = meter
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (s, mb) -> (in, out)
-        self.output_grads: dict[tuple[int, int], torch.Tensor | None] = {}       # kept from I for W
+        # What each I leaves for its W (the Linears' inputs and output gradients), metered.
+        self.weight_grads = WeightGradStore(meter)
         self.local: dict[Action, list] = {}      # outputs read by later steps here: [tensor, readers left]
         self.losses: dict[int, float] = {}       # per microbatch, unscaled
 
