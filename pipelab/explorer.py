@@ -1,13 +1,20 @@
-"""Interactive explorers for the notebooks: sliders in, simulated Gantt chart or stage balance out.
+"""Interactive explorers for the notebooks, and the teaching widgets they are built from.
 
-The schedule explorer draws *simulated* timelines; the balance explorer draws the FLOP model, or
-measured layer times when given. Live runs are drawn from the runtime's results with the same
-plotting functions.
+- `schedule_explorer`: sliders in, simulated Gantt chart (fixed batch or per microbatch,
+  critical path on request) out; `balance_explorer`: stage balance of a partition.
+- `player`: play a timeline back (what runs, what flies, what is live at t) — player.py.
+- `predict`: the reader commits to a number before the notebook shows it — predict.py.
+- `live_compare`: run several schedules fairly on one cluster (warm-up, alternating rounds).
+
+Every control follows ui.py: one per row, 220-px labels, long tracks, outputs of stable height.
 """
 from __future__ import annotations
 
-from typing import Sequence
+import statistics
+from typing import Mapping, Sequence
 
+from .player import messages_in_flight, live_activations, player, running_at, status  # noqa: F401
+from .predict import predict  # noqa: F401
 from .schedules import schedule
 from .simulate import Costs, simulate
 
@@ -17,48 +24,71 @@ def bubble_line(tl, ranks: int, microbatches: int) -> str:
     formula = (ranks - 1) / (microbatches + ranks - 1)
     return (f"simulated bubble: {tl.bubble_fraction():.1%} of the makespan "
             f"({tl.bubble_ratio():.2f} × the compute);  "
-            f"(p−1)/(m+p−1) = {formula:.1%}  [the formula assumes balanced stages and no communication]")
+            f"(p−1)/(m+p−1) = {formula:.1%}\n"
+            f"  [the formula assumes balanced stages and no communication]")
 
 
 def simulate_named(name: str, ranks: int, microbatches: int, backward_ratio: float = 2.0,
-                   comm: float = 0.0, **options):
-    """Simulate a named schedule with F = 1 and a full backward of `backward_ratio` × F."""
+                   comm: float = 0.0, per: str = "microbatch", **options):
+    """Simulate a named schedule with F = 1 and a full backward of `backward_ratio` × F:
+    one microbatch's costs (`per="microbatch"`) or the whole batch's (`per="batch"`)."""
     sched = schedule(name, ranks=ranks, microbatches=microbatches, **options)
-    return simulate(sched, Costs.from_backward(F=1.0, B=backward_ratio, comm=comm))
+    return simulate(sched, Costs.from_backward(F=1.0, B=backward_ratio, comm=comm, per=per))
+
+
+GANTT_HEIGHT = 2.6      # inches, whatever p: the explorer's output keeps its height
 
 
 def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
                       microbatches: int = 8, memory: bool = False, max_ranks: int = 8,
-                      max_microbatches: int = 32):
-    """Sliders for ranks, microbatches, backward:forward cost and communication cost;
-    redraws the simulated Gantt chart (and memory curves) with the bubble next to the formula."""
+                      max_microbatches: int = 32, fixed_batch: bool = True,
+                      critical_path: bool = False):
+    """Sliders for ranks, microbatches, backward:forward cost and message latency; a
+    "fixed global batch" switch and a "critical path" switch; redraws the simulated Gantt chart
+    (and memory curves) with the bubble next to the formula.
+
+    Fixed global batch (default on): F + B is the cost of the *whole* batch, split over the m
+    microbatches, so m = 1 (naive) and m = 8 (GPipe) do the same work and the makespan falls as
+    m grows. Off: each microbatch costs F + B, as in the papers' tables (makespan 3(m+p−1)).
+    Displays the widget and returns it.
+    """
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
+    from . import plots, ui
 
-    style = {"description_width": "initial"}
     controls = {
-        "name": w.Dropdown(options=list(names), value=names[0], description="schedule"),
-        "ranks": w.IntSlider(value=ranks, min=1, max=max_ranks, description="ranks p", style=style),
-        "microbatches": w.IntSlider(value=microbatches, min=1, max=max_microbatches,
-                                    description="microbatches m", style=style),
-        "backward_ratio": w.FloatSlider(value=2.0, min=0.5, max=4.0, step=0.25,
-                                        description="backward / forward cost", style=style),
-        "comm": w.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.05,
-                              description="communication / forward cost", style=style),
+        "name": ui.control(w.Dropdown, "schedule", options=list(names), value=names[0]),
+        "ranks": ui.slider("int", "ranks p", value=ranks, min=1, max=max_ranks),
+        "microbatches": ui.slider("int", "microbatches m", value=microbatches, min=1,
+                                  max=max_microbatches),
+        "backward_ratio": ui.slider("float", "backward / forward cost", value=2.0, min=0.5,
+                                    max=4.0, step=0.25),
+        "comm": ui.slider("float", "message latency / forward cost", value=0.0, min=0.0,
+                          max=1.0, step=0.05),
+        "fixed_batch": ui.control(w.Checkbox, "fixed global batch (costs per batch)",
+                                  value=fixed_batch, indent=True),
+        "critical_path": ui.control(w.Checkbox, "mark the critical path", value=critical_path,
+                                    indent=True),
     }
 
-    def draw(name, ranks, microbatches, backward_ratio, comm):
-        tl = simulate_named(name, ranks, microbatches, backward_ratio, comm)
-        rows = 2 if memory else 1
-        fig, axes = plt.subplots(rows, 1, figsize=(10, (1.0 + 0.45 * ranks) * rows + 0.5),
-                                 squeeze=False)
-        tl.plot(ax=axes[0, 0], title=f"{name}, p={ranks}, m={microbatches}")
-        if memory:
-            tl.plot_memory(ax=axes[1, 0], title=f"{name}, p={ranks}, m={microbatches}")
-        fig.tight_layout()
+    def draw(name, ranks, microbatches, backward_ratio, comm, fixed_batch, critical_path):
+        per = "batch" if fixed_batch else "microbatch"
+        tl = simulate_named(name, ranks, microbatches, backward_ratio, comm, per=per)
+        fig = plots.compare([tl], titles=[f"{name}, p={ranks}, m={microbatches}"],
+                            memory=memory, critical_path=critical_path, phases=True,
+                            panel_height=GANTT_HEIGHT)
         plt.show()
-        print(bubble_line(tl, ranks, microbatches))
+        if fixed_batch:
+            print(f"fixed batch: F + B of the whole batch = {1 + backward_ratio:g}, "
+                  f"so each of the {microbatches} microbatches costs {1 + backward_ratio:g}/m "
+                  f"= {(1 + backward_ratio) / microbatches:.3g}; message latency {comm:g}")
+        else:
+            print(f"per microbatch: each of the {microbatches} microbatches costs "
+                  f"F + B = {1 + backward_ratio:g}; message latency {comm:g}")
+        print(f"makespan {tl.makespan:.4g}; " + bubble_line(tl, ranks, microbatches))
+        if critical_path:
+            print(plots.path_summary(tl))
         if memory:
             peaks = tl.peak_activations()
             print("peak activations per rank (microbatch-stages): "
@@ -66,11 +96,62 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
 
     if len(names) == 1:
         controls["name"].layout.display = "none"
+    panels = 1 + (1.5 if memory else 0)
     out = w.interactive_output(draw, controls)
-    box = w.VBox([w.HBox([controls["name"], controls["ranks"], controls["microbatches"]]),
-                  w.HBox([controls["backward_ratio"], controls["comm"]]), out])
-    display(box)
+    out.layout.min_height = f"{int(100 * (GANTT_HEIGHT * panels + 1.5) + 20 * 6)}px"
+    box = w.VBox(list(controls.values()) + [out])
+    box.add_class("pipelab-schedule-explorer")
+    box.controls = controls
+    display(box)      # shown here, as notebooks call it with a trailing `;`
     return box
+
+
+def median_run(runs: Sequence):
+    """The run whose measured makespan is the median (the lower middle one for an even count)."""
+    ordered = sorted(runs, key=lambda r: r.timeline.makespan)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+class LiveComparison(dict):
+    """name -> the median RunResult of its rounds; `.runs[name]` holds every round's result."""
+
+    def __init__(self, runs: dict):
+        super().__init__({name: median_run(results) for name, results in runs.items()})
+        self.runs = runs
+
+    def table(self) -> str:
+        lines = [f"{'schedule':<20}{'median (ms)':>12}{'min':>9}{'max':>9}   rounds (ms)"]
+        for name, results in self.runs.items():
+            times = [r.timeline.makespan * 1e3 for r in results]
+            lines.append(f"{name:<20}{statistics.median(times):12.2f}{min(times):9.2f}"
+                         f"{max(times):9.2f}   " + " ".join(f"{t:.1f}" for t in times))
+        return "\n".join(lines)
+
+
+def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **run_kwargs):
+    """Run several schedules on one cluster fairly: one discarded warm-up run of each, then
+    `rounds` rounds that run every contender once, in alternating order (A B, B A, A B...), so
+    that cold workers or background load never favour one of them.
+
+    `schedules`: {name: Schedule} or a list of Schedules (named by `.name`). `run_kwargs` go to
+    `cluster.run` (model=, batch_size=, ...). Returns a LiveComparison: name -> the median run
+    (by measured makespan), with `.runs[name]` = every round's RunResult and `.table()`.
+    """
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if not isinstance(schedules, Mapping):
+        schedules = {s.name: s for s in schedules}
+    names = list(schedules)
+    if len(names) < 1:
+        raise ValueError("live_compare needs at least one schedule")
+    if warmup:
+        for name in names:
+            cluster.run(schedules[name], **run_kwargs)
+    runs: dict[str, list] = {name: [] for name in names}
+    for k in range(rounds):
+        for name in (names if k % 2 == 0 else names[::-1]):
+            runs[name].append(cluster.run(schedules[name], **run_kwargs))
+    return LiveComparison(runs)
 
 
 def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int | None = None):
@@ -80,10 +161,11 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
     """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
+    from . import ui
     from .partition import METHODS, partition
-    stages = widgets.IntSlider(value=min(4, cfg.total_layers), min=1,
-                               max=max_stages or cfg.total_layers, description="stages")
-    method = widgets.Dropdown(options=METHODS, value="cost", description="method")
+    stages = ui.slider("int", "stages", value=min(4, cfg.total_layers), min=1,
+                       max=max_stages or cfg.total_layers)
+    method = ui.control(widgets.Dropdown, "method", options=METHODS, value="cost")
 
     def draw(stages: int, method: str) -> None:
         parts = partition(cfg, stages, method, batch_size=batch_size, layer_times=layer_times)
@@ -92,4 +174,7 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
         print(parts.table())
 
     out = widgets.interactive_output(draw, {"stages": stages, "method": method})
-    return widgets.VBox([widgets.HBox([stages, method]), out])
+    out.layout.min_height = "520px"
+    box = widgets.VBox([stages, method, out])
+    box.add_class("pipelab-balance-explorer")
+    return box

@@ -4,13 +4,20 @@ from __future__ import annotations
 from typing import Sequence
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
-OTHER_COLOUR = "#8172B3"
+OTHER_COLOUR = "#8172B3"          # any kind added later (compound, collective, ...)
+CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "++")   # chunk 0 plain, as the papers draw it
+PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F5"}
+PATH_COLOUR = "#D62728"
+# Fixed margins (not tight_layout) so that every timeline figure of the same width puts its
+# time axis at the same place: a Gantt chart and a memory plot drawn one under the other align.
+MARGINS = dict(left=0.1, right=0.83)
 
 
 def _axes(ax, figsize=(10, 3)):
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=figsize)
+        fig, ax = plt.subplots(figsize=figsize)
+        fig.subplots_adjust(**MARGINS, bottom=0.5 / figsize[1], top=1 - 0.5 / figsize[1])
     return ax
 
 
@@ -19,71 +26,227 @@ def _time_scale(timeline) -> tuple[float, str]:
     return (1e3, "ms") if timeline.time_unit == "s" else (1.0, timeline.time_unit)
 
 
-def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None = None):
-    """One row per rank (rank 0 on top); a box per action, coloured by kind, with its microbatch."""
-    from matplotlib.patches import Patch
-    ax = _axes(ax, figsize=(10, 0.5 + 0.45 * timeline.ranks))
+def kind_colour(kind: str) -> str:
+    return KIND_COLOURS.get(kind, OTHER_COLOUR)
+
+
+def chunk_of(timeline) -> dict[int, int]:
+    """stage -> its chunk index on its rank (0 for the rank's first stage, 1 for the next...)."""
+    stages: dict[int, set[int]] = {}
+    if timeline.schedule is not None:
+        for stage, rank in enumerate(timeline.schedule.placement):
+            stages.setdefault(rank, set()).add(stage)
+    else:
+        for e in timeline.events:
+            stages.setdefault(e.rank, set()).add(e.action.stage)
+    return {stage: i for mine in stages.values() for i, stage in enumerate(sorted(mine))}
+
+
+def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None = None,
+               critical_path: bool = False, phases: bool = False, legend: bool = True):
+    """One row per rank (rank 0 on top); a box per action, coloured by kind, with its microbatch.
+
+    Where a rank holds several stages (chunks), chunk 1, 2... are hatched (and marked ' ''
+    after the microbatch). `phases=True` shades each rank's warm-up / steady / cool-down;
+    `critical_path=True` outlines the chain that sets the makespan and draws its messages.
+    The boxes are kept in `ax.pipelab_bars` (event -> patch) for the player.
+    """
+    from matplotlib.patches import Patch, Rectangle
+    ax = _axes(ax, figsize=(10, 0.9 + 0.45 * timeline.ranks))
     scale, unit = _time_scale(timeline)
     t0 = timeline.start
     span = (timeline.makespan or 1.0) * scale
+    chunks = chunk_of(timeline)
+    multi = max(chunks.values(), default=0) > 0
+    bars = {}
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
-        ax.barh(e.rank, width, left=left, height=0.8,
-                color=KIND_COLOURS.get(e.action.kind, OTHER_COLOUR), edgecolor="white", linewidth=0.5)
+        chunk = chunks.get(e.action.stage, 0)
+        hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] if multi else ""
+        patch = Rectangle((left, e.rank - 0.4), width, 0.8, facecolor=kind_colour(e.action.kind),
+                          edgecolor="white", linewidth=0.5, hatch=hatch or None,
+                          hatchcolor="white", zorder=2)
+        patch.pipelab_path = False
+        ax.add_patch(patch)
+        bars[e] = patch
         if width > span / 60 and timeline.ranks <= 16:
-            chunk_mark = "'" * (e.action.stage // timeline.ranks) if _multi_stage(timeline) else ""
-            ax.text(left + width / 2, e.rank, f"{e.action.microbatch}{chunk_mark}",
-                    ha="center", va="center", fontsize=7, color="white")
+            ax.text(left + width / 2, e.rank, f"{e.action.microbatch}{chr(39) * chunk}",
+                    ha="center", va="center", fontsize=7, color="white", zorder=4,
+                    fontweight="bold" if multi else "normal")
+    ax.pipelab_bars = bars
+    handles = [Patch(color=kind_colour(k), label=k)
+               for k in sorted({e.action.kind for e in timeline.events},
+                               key=lambda k: ("FBIW".find(k) % 10, k))]
+    if multi:
+        handles += [Patch(facecolor="#999999", edgecolor="white", hatchcolor="white",
+                          hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)] or None, label=f"chunk {c}")
+                    for c in sorted(set(chunks.values()))]
+    if phases:
+        seen = set()
+        for rank, spans in timeline.phases().items():
+            for name, a, b in spans:
+                ax.add_patch(Rectangle((a * scale, rank - 0.5), (b - a) * scale, 1.0,
+                                       facecolor=PHASE_COLOURS[name], edgecolor="none", zorder=0))
+                seen.add(name)
+        handles += [Patch(color=PHASE_COLOURS[n], label=n) for n in PHASE_COLOURS if n in seen]
+    note = ""
+    if critical_path:
+        path = timeline.critical_path()
+        _draw_path(ax, timeline, path, bars, scale)
+        handles.append(Patch(facecolor="none", edgecolor=PATH_COLOUR, linewidth=2,
+                             label="critical path"))
+        note = "\n" + path_summary(timeline, path)
     ax.set_yticks(range(timeline.ranks), [f"rank {r}" for r in range(timeline.ranks)])
     ax.set_ylim(timeline.ranks - 0.5, -0.5)
     ax.set_xlim(0, xmax if xmax is not None else span)
     ax.set_xlabel(f"time ({unit})")
-    kinds = sorted({e.action.kind for e in timeline.events}, key="FBIW".find)
-    ax.legend(handles=[Patch(color=KIND_COLOURS.get(k, OTHER_COLOUR), label=k) for k in kinds],
-              loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    if legend:
+        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
+                  frameon=False)
     heading = title or timeline.title or "pipeline"
-    ax.set_title(f"{heading} — {timeline.source}: makespan {timeline.makespan * scale:.3g} {unit}, "
-                 f"bubble {timeline.bubble_fraction():.1%} of the makespan", fontsize=10)
+    ax.set_title(f"{heading} — {timeline.source}: makespan {timeline.makespan * scale:.4g} {unit}, "
+                 f"bubble {timeline.bubble_fraction():.1%} of the makespan{note}", fontsize=10)
     return ax
+
+
+def _draw_path(ax, timeline, path, bars, scale) -> None:
+    t0 = timeline.start
+    for i, step in enumerate(path):
+        bar = bars.get(step.event)
+        if bar is not None:
+            bar.set_edgecolor(PATH_COLOUR)
+            bar.set_linewidth(2.0)
+            bar.set_zorder(3)
+            bar.pipelab_path = True
+        if i and step.edge == "data" and path[i - 1].event.rank != step.event.rank:
+            before = path[i - 1].event
+            ax.annotate("", xy=((step.event.start - t0) * scale, step.event.rank),
+                        xytext=((before.end - t0) * scale, before.rank),
+                        arrowprops=dict(arrowstyle="->", color=PATH_COLOUR, linewidth=1.2,
+                                        shrinkA=0, shrinkB=0), zorder=5)
+
+
+def path_summary(timeline, path=None) -> str:
+    """"critical path: 22 actions = 33 compute + 8 comm (16 messages) + 0 waiting"."""
+    path = timeline.critical_path() if path is None else path
+    scale, unit = _time_scale(timeline)
+    compute = sum(s.duration for s in path) * scale
+    comm = sum(s.comm_before for s in path) * scale
+    wait = sum(s.wait_before for s in path) * scale
+    hops = sum(1 for s in path if s.comm_before > 0)
+    return (f"critical path: {len(path)} actions = {compute:.4g} compute + {comm:.4g} comm "
+            f"({hops} messages) + {wait:.4g} waiting {unit}")
 
 
 def _multi_stage(timeline) -> bool:
     return any(e.action.stage >= timeline.ranks for e in timeline.events)
 
 
-def plot_memory(timeline, ax=None, title: str | None = None):
-    """Live activations per rank over time (a step curve per rank)."""
+def _memory_scale(timeline) -> tuple[float, str]:
+    """Bytes as MiB (KiB when the peak is under 1 MiB); other units as they are."""
+    if timeline.memory_unit != "bytes":
+        return 1.0, timeline.memory_unit
+    peak = max(timeline.peak_activations().values(), default=0.0)
+    return (2**20, "MiB") if peak >= 2**20 else (2**10, "KiB")
+
+
+def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None = None,
+                unit_bytes=None, ymax: float | None = None):
+    """Live activations per rank over time (a step curve per rank), on the Gantt chart's time
+    axis (0 to the makespan, or `xmax`).
+
+    `unit_bytes` (bytes of one microbatch-stage of activations: one number, or {rank: bytes})
+    gives each rank's peak in both units in the legend, e.g. "rank 0: peak 8.0 units = 36.1 MiB".
+    """
     ax = _axes(ax, figsize=(10, 3))
     scale, unit = _time_scale(timeline)
     t0 = timeline.start
-    mem_scale, mem_unit = (2**20, "MiB") if timeline.memory_unit == "bytes" else (1.0, timeline.memory_unit)
+    span = (timeline.makespan or 1.0) * scale
+    mem_scale, mem_unit = _memory_scale(timeline)
+    end = xmax if xmax is not None else span
     for rank in range(timeline.ranks):
         curve = timeline.memory_curve(rank)
-        if curve:
-            ts = [max(0.0, (t - t0) * scale) for t, _ in curve]
-            ax.step(ts, [level / mem_scale for _, level in curve], where="post", label=f"rank {rank}")
+        if not curve:
+            continue
+        ts = [max(0.0, (t - t0) * scale) for t, _ in curve] + [end]
+        levels = [level / mem_scale for _, level in curve]
+        label = _peak_label(timeline, rank, unit_bytes)
+        ax.step(ts, levels + levels[-1:], where="post",
+                label=f"rank {rank}" + (f" peak {label}" if label else ""))
+    ax.set_xlim(0, end)
+    ax.set_ylim(0, (ymax if ymax is not None else
+                    max([lv / mem_scale for r in range(timeline.ranks)
+                         for _, lv in timeline.memory_curve(r)] or [1.0])) * 1.15 or 1.0)
     ax.set_xlabel(f"time ({unit})")
-    ax.set_ylabel(f"live activations ({mem_unit})")
+    ax.set_ylabel(f"live activations\n({mem_unit})", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     heading = title or timeline.title or "pipeline"
     ax.set_title(f"{heading} — {timeline.source} activation memory", fontsize=10)
     return ax
 
 
-def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bool = False):
-    """Timelines stacked on one shared time axis, e.g. measured / replayed / simulated."""
+def _peak_label(timeline, rank: int, unit_bytes) -> str:
+    """The rank's peak in both units where the size of a unit is known, else ''."""
+    if unit_bytes is None:
+        return ""
+    size = unit_bytes.get(rank) if isinstance(unit_bytes, dict) else unit_bytes
+    if not size:
+        return ""
+    peak = timeline.peak_activations().get(rank, 0.0)
+    if timeline.memory_unit == "bytes":
+        units, nbytes = peak / size, peak
+    else:
+        units, nbytes = peak, peak * size
+    return f"{units:.2g} units\n= {nbytes / 2**20:.3g} MiB"
+
+
+def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bool = False,
+            share: str | bool = "auto", unit_bytes=None, critical_path: bool = False,
+            phases: bool = False, panel_height: float | None = None, gantt: bool = True):
+    """Timelines stacked in one figure, e.g. measured / replayed / simulated, or GPipe / 1F1B.
+
+    `memory=True` puts each timeline's activation curves right under its Gantt chart
+    (`gantt=False` leaves the Gantt charts out: memory panels only).
+    `share="auto"`: one time axis (same limits) when every timeline has the same time unit,
+    and one memory scale for the memory panels that have the same memory unit; True forces
+    the time axis, False gives each panel its own. `unit_bytes` (one number or {rank: bytes})
+    labels memory peaks in units and MiB. `panel_height` (inches) fixes every Gantt panel's
+    height whatever the rank count (an explorer's output then keeps its height). Returns the figure.
+    """
     import matplotlib.pyplot as plt
-    rows = len(timelines)
-    heights = [0.6 + 0.45 * t.ranks for t in timelines]
-    fig, axes = plt.subplots(rows, 1, figsize=(10, sum(heights) + 0.6 * rows), squeeze=False,
-                             gridspec_kw={"height_ratios": heights})
+    rows = []
+    for i, tl in enumerate(timelines):
+        if gantt or not memory:
+            rows.append(("gantt", i, panel_height or 0.9 + 0.45 * tl.ranks))
+        if memory:
+            rows.append(("memory", i, 2.0))
+    heights = [h for _, _, h in rows]
+    extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
+    fig, axes = plt.subplots(len(rows), 1, figsize=(10, sum(heights) + extra + 0.3),
+                             squeeze=False, gridspec_kw={"height_ratios": heights})
     same_unit = len({t.time_unit for t in timelines}) == 1
-    xmax = max(t.makespan * _time_scale(t)[0] for t in timelines) if same_unit else None
-    for i, (tl, ax) in enumerate(zip(timelines, axes[:, 0])):
-        plot = plot_memory if memory else plot_gantt
-        kwargs = {} if memory else {"xmax": xmax}
-        plot(tl, ax=ax, title=titles[i] if titles else None, **kwargs)
-    fig.tight_layout()
+    share_x = same_unit if share == "auto" else bool(share)
+    xmax = max(t.makespan * _time_scale(t)[0] for t in timelines) if share_x else None
+    mem_max: dict[str, float] = {}
+    if memory and share is not False:
+        for tl in timelines:
+            mem_scale, mem_unit = _memory_scale(tl)
+            peak = max(tl.peak_activations().values(), default=0.0) / mem_scale
+            mem_max[mem_unit] = max(mem_max.get(mem_unit, 0.0), peak)
+    for (what, i, _), ax in zip(rows, axes[:, 0]):
+        tl = timelines[i]
+        title = titles[i] if titles else None
+        if what == "gantt":
+            plot_gantt(tl, ax=ax, title=title, xmax=xmax, critical_path=critical_path,
+                       phases=phases)
+        else:
+            plot_memory(tl, ax=ax, title=title, xmax=xmax, unit_bytes=unit_bytes,
+                        ymax=mem_max.get(_memory_scale(tl)[1]))
+    height = fig.get_figheight()
+    gaps = extra         # inches between panels: tick labels, axis label, a two-line title
+    fig.subplots_adjust(**MARGINS, top=1 - (0.45 + 0.2 * critical_path) / height,
+                        bottom=0.45 / height,
+                        hspace=gaps / len(rows) / (sum(heights) / len(rows)))
     return fig
 
 
@@ -144,25 +307,68 @@ def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
     return axes
 
 
-def plot_sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric,
-               ylabel: str, formula=None, ax=None, costs=None):
-    """A simulated metric (a function of a Timeline) against microbatches, a line per depth p.
+class SweepTable(list):
+    """Rows {"p", "m", "simulated", "formula"} (formula None when none was given), plus the
+    schedule name: what `plot_sweep` draws and what a notebook asserts on."""
 
-    `formula(p, m)`, when given, is drawn dashed so the simulated dots can be checked by eye.
-    """
+    def __init__(self, rows=(), name: str = "", metric_name: str = ""):
+        super().__init__(rows)
+        self.name = name
+        self.metric_name = metric_name
+
+    def ranks(self) -> list[int]:
+        return sorted({row["p"] for row in self})
+
+    def where(self, p: int) -> list[dict]:
+        return [row for row in self if row["p"] == p]
+
+    def max_error(self) -> float:
+        """Largest |simulated − formula| over the rows (0 when there is no formula)."""
+        return max((abs(r["simulated"] - r["formula"]) for r in self if r["formula"] is not None),
+                   default=0.0)
+
+
+def sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric, costs=None,
+          formula=None) -> SweepTable:
+    """Simulate `name` for every depth p in `ranks` and m in `microbatches`; one row each with
+    `metric(timeline)` and, when given, `formula(p, m)`. Data only: `plot_sweep` draws it."""
     from .schedules import schedule
     from .simulate import Costs, simulate
-    ax = _axes(ax, figsize=(7, 3.5))
+    costs = costs or Costs()
+    table = SweepTable(name=name, metric_name=getattr(metric, "__name__", "metric"))
     for p in ranks:
-        values = [metric(simulate(schedule(name, ranks=p, microbatches=m), costs or Costs()))
-                  for m in microbatches]
-        line, = ax.plot(microbatches, values, "o", markersize=4, label=f"p={p} simulated")
-        if formula is not None:
-            ax.plot(microbatches, [formula(p, m) for m in microbatches], "--",
-                    color=line.get_color(), linewidth=1, label=f"p={p} formula")
+        for m in microbatches:
+            value = metric(simulate(schedule(name, ranks=p, microbatches=m), costs))
+            table.append({"p": p, "m": m, "simulated": value,
+                          "formula": None if formula is None else formula(p, m)})
+    return table
+
+
+def plot_sweep(table, *args, ylabel: str = "", ax=None, **kwargs):
+    """Draw a `sweep()` table: simulated dots per depth p, the formula dashed where given.
+
+    (The older call `plot_sweep(name, ranks, microbatches, metric, ylabel, formula=...)` still
+    works: it builds the table with `sweep` first.) Returns the axes.
+    """
+    if isinstance(table, str):
+        names = ("ranks", "microbatches", "metric", "ylabel", "formula", "ax", "costs")
+        given = dict(zip(names, args), **kwargs)
+        ylabel = given.pop("ylabel", ylabel)
+        ax = given.pop("ax", ax)
+        table = sweep(table, **given)
+    ax = _axes(ax, figsize=(7, 3.5))
+    with_formula = any(row["formula"] is not None for row in table)
+    for p in table.ranks():
+        rows = table.where(p)
+        ms = [r["m"] for r in rows]
+        line, = ax.plot(ms, [r["simulated"] for r in rows], "o", markersize=4,
+                        label=f"p={p} simulated")
+        if with_formula:
+            ax.plot(ms, [r["formula"] for r in rows], "--", color=line.get_color(), linewidth=1,
+                    label=f"p={p} formula")
     ax.set_xlabel("microbatches m")
     ax.set_ylabel(ylabel)
-    ax.set_title(f"{name}: simulated (dots)" + (" vs closed form (dashes)" if formula else ""),
-                 fontsize=10)
+    ax.set_title(f"{table.name}: simulated (dots)" + (" vs closed form (dashes)" if with_formula
+                                                      else ""), fontsize=10)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
     return ax

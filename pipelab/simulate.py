@@ -30,6 +30,12 @@ class Costs:
     step costs the sum of its parts; a kind missing from the table uses the cost rule it was
     registered with, or is an error naming it. `per_action` (measured seconds per action, as
     in a replay) overrides the model.
+
+    `per="microbatch"` (the default): the table holds one microbatch's costs, so more
+    microbatches mean more work. `per="batch"`: it holds the whole batch's costs and `simulate`
+    charges each of the schedule's m microbatches 1/m of them — a fixed global batch, so naive
+    (m=1) and GPipe (m>1) do the same work and their makespans compare. `comm` (a message's
+    latency) and `per_action` (measured times) are never scaled.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -39,8 +45,11 @@ class Costs:
     unit: str = "units"
     B: Cost | None = None
     kinds: Mapping[str, Cost] | None = None
+    per: str = "microbatch"
 
     def __post_init__(self) -> None:
+        if self.per not in ("microbatch", "batch"):
+            raise ValueError(f"Costs.per must be 'microbatch' or 'batch', got {self.per!r}")
         self.kinds = dict(self.kinds or {})
         for name in ("F", "I", "W", "B"):
             if name == "B" and self.B is None:
@@ -101,11 +110,13 @@ class Costs:
             return float(value[stage])
         return float(value)
 
-    def duration(self, action) -> float:
-        """Time of one step: an action, or the sum of a compound's parts."""
+    def duration(self, action, microbatches: int = 1) -> float:
+        """Time of one step: an action, or the sum of a compound's parts; with `per="batch"`,
+        its share 1/`microbatches` of the batch's cost."""
         if self.per_action is not None and action in self.per_action:
             return self.per_action[action]
-        return sum(self.of(part[1], part[0]) for part in action.parts)
+        share = 1.0 / microbatches if self.per == "batch" else 1.0
+        return sum(self.of(part[1], part[0]) for part in action.parts) * share
 
 
 def _checked(name: str, value, per_stage: bool = True):
@@ -145,21 +156,21 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     # with I and W split as `i_frees` says.
     effect = {kind: spec.memory for kind, spec in KIND_SPECS.items() if spec.memory}
     effect["I"], effect["W"] = -i_frees, -(1.0 - i_frees)
-    timed = timed_run(order, _cached_durations(costs), costs.comm)
+    timed = timed_run(order, _cached_durations(costs, schedule.microbatches), costs.comm)
     for rank, item, start, finish in timed:
         events.append(_new(Event, (rank, item, start, finish, None)))
         for part in ((item,) if type(item) is Action else item):
             change = effect.get(part[1])
             if change:
                 deltas[rank].append((start if change > 0 else finish, change * unit[rank]))
-    timeline = Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
-                        memory_unit="microbatch-stages", title=schedule.name,
-                        time_unit=costs.unit)
-    timeline.schedule, timeline.comm = schedule, costs.comm
-    return timeline
+    title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
+                             if costs.per == "batch" else "")
+    return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
+                    memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
+                    schedule=schedule, comm=costs.comm)
 
 
-def _cached_durations(costs: Costs):
+def _cached_durations(costs: Costs, microbatches: int = 1):
     """`costs.duration`, computed once per (kind, stage) unless measured per action."""
     measured = costs.per_action or {}
     model_cost: dict[tuple[str, int], float] = {}
@@ -169,7 +180,7 @@ def _cached_durations(costs: Costs):
             return measured[action]
         key = (action[1], action[0]) if type(action) is Action else action
         if key not in model_cost:
-            model_cost[key] = costs.duration(action)
+            model_cost[key] = costs.duration(action, microbatches)
         return model_cost[key]
     return duration
 

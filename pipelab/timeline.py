@@ -7,6 +7,7 @@ Metrics use two bubble conventions, named apart so they are never confused:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
@@ -27,12 +28,35 @@ class Event(NamedTuple):
         return self.end - self.start
 
 
+@dataclass(frozen=True)
+class PathStep:
+    """One link of a critical path: `event` started `comm_before` (a message crossing ranks)
+    plus `wait_before` (idle time) after its predecessor on the path ended.
+
+    `edge` says why the predecessor binds: "start" (the first step), "data" (the event consumes
+    the predecessor's output) or "rank" (the same rank runs it next)."""
+    event: Event
+    wait_before: float
+    comm_before: float
+    edge: str
+
+    @property
+    def duration(self) -> float:
+        return self.event.duration
+
+
 class Timeline:
-    """Events per rank plus an activation-memory curve per rank."""
+    """Events per rank plus an activation-memory curve per rank.
+
+    `schedule` and `comm` (set by `simulate()`) say which dependency graph and message cost
+    produced the events; `critical_path()` and the player's "waiting for" read them. A timeline
+    without a schedule (e.g. measured) has one rebuilt from its events when needed.
+    """
 
     def __init__(self, events: list[Event], ranks: int, source: str = "simulated",
                  memory: dict[int, list[tuple[float, float]]] | None = None,
-                 memory_unit: str = "units", title: str = "", time_unit: str = "s"):
+                 memory_unit: str = "units", title: str = "", time_unit: str = "s",
+                 schedule=None, comm: float | None = None):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         self.events = sorted(events, key=lambda e: (e.start, e.rank))
@@ -42,6 +66,8 @@ class Timeline:
         self.memory_unit = memory_unit
         self.title = title
         self.time_unit = time_unit
+        self.schedule = schedule
+        self.comm = comm
 
     # --- time --------------------------------------------------------------------------------
     @property
@@ -76,6 +102,108 @@ class Timeline:
 
     def events_of(self, rank: int) -> list[Event]:
         return [e for e in self.events if e.rank == rank]
+
+    # --- structure: dependencies, critical path, phases ------------------------------------
+    def dependency_schedule(self):
+        """The schedule behind the events: `self.schedule`, or one rebuilt from the events
+        (each rank's actions in start order, stage placement as observed)."""
+        if self.schedule is not None:
+            return self.schedule
+        from .schedules.base import Schedule
+        per_rank: list[list[Action]] = [[] for _ in range(self.ranks)]
+        placement: dict[int, int] = {}
+        for e in self.events:                      # already in start order
+            per_rank[e.rank].append(e.action)
+            placement.setdefault(e.action.stage, e.rank)
+        stages = max(placement, default=-1) + 1
+        microbatches = max((e.action.microbatch for e in self.events), default=0) + 1
+        return Schedule(per_rank, tuple(placement.get(s, 0) for s in range(stages)),
+                        microbatches, name=self.title or "timeline")
+
+    def dependencies_of(self, event: Event) -> list[Event]:
+        """Events whose output `event` consumes (its data dependencies), as events here."""
+        by_action = self._by_action()
+        try:
+            deps = self.dependency_schedule().dependencies(event.action)
+        except ValueError:        # a kind without a dependency rule: only rank order binds it
+            return []
+        return [by_action[d] for d in deps if d in by_action]
+
+    def _by_action(self) -> dict[Action, Event]:
+        cache = getattr(self, "_action_index", None)
+        if cache is None or cache[0] is not self.events:
+            cache = (self.events, {part: e for e in self.events for part in e.action.parts})
+            self._action_index = cache
+        return cache[1]
+
+    def critical_path(self) -> list[PathStep]:
+        """The chain of actions that sets the makespan, from time 0 to the last end.
+
+        Walks back from the action that ends last: each step's predecessor is whichever input
+        arrived last — a data dependency (its end + `comm` when it crosses ranks) or the
+        previous action on the same rank. On a tie a data dependency wins (it shows where the
+        messages sit on the path). For a simulated timeline the binding predecessor arrives
+        exactly at the start, so every `wait_before` after the first is 0 and
+        Σ(duration + comm_before + wait_before) == makespan (up to float rounding of the
+        costs themselves; exact for costs such as 1, 0.5, 0.25). For a measured timeline the
+        gaps (`wait_before`) hold what the model does not: latency, jitter, Python overhead.
+        """
+        if not self.events:
+            return []
+        comm = self.comm or 0.0
+        previous: dict[Event, Event] = {}
+        for r in range(self.ranks):
+            mine = self.events_of(r)
+            previous.update(zip(mine[1:], mine[:-1]))
+        last = max(self.events, key=lambda e: (e.end, e.rank))
+        steps: list[PathStep] = []
+        event = last
+        while True:
+            best = None         # (arrival, preference, predecessor, comm, edge)
+            for dep in self.dependencies_of(event):
+                hop = comm if dep.rank != event.rank else 0.0
+                cand = (dep.end + hop, 1, dep, hop, "data")
+                if best is None or cand[:2] > best[:2]:
+                    best = cand
+            before = previous.get(event)
+            if before is not None:
+                cand = (before.end, 0, before, 0.0, "rank")
+                if best is None or cand[:2] > best[:2]:
+                    best = cand
+            if best is None:
+                steps.append(PathStep(event, event.start - self.start, 0.0, "start"))
+                break
+            arrival, _, pred, hop, edge = best
+            steps.append(PathStep(event, event.start - arrival, hop, edge))
+            event = pred
+        steps.reverse()
+        return steps
+
+    def phases(self) -> dict[int, list[tuple[str, float, float]]]:
+        """Per rank, [(phase, start, end)] with times relative to `start`, empty phases left out.
+
+        warm-up: from the rank's first action to its first backward (B or I) — forwards only;
+        steady: from there to the end of its last forward — forwards and backwards alternate;
+        cool-down: from there to its last action's end — backwards (and W passes) only.
+        GPipe has no steady phase (every forward comes before every backward); a rank without
+        backwards (forward-only timeline) is all warm-up.
+        """
+        t0, out = self.start, {}
+        for r in range(self.ranks):
+            mine = self.events_of(r)
+            if not mine:
+                out[r] = []
+                continue
+            begin, finish = mine[0].start - t0, max(e.end for e in mine) - t0
+            backs = [e.start - t0 for e in mine if e.action.kind in ("B", "I")]
+            fwd_ends = [e.end - t0 for e in mine if e.action.kind == "F"]
+            first_back = min(backs, default=finish)
+            last_fwd = max(fwd_ends, default=begin)
+            steady_end = max(first_back, min(last_fwd, finish))
+            spans = [("warm-up", begin, first_back), ("steady", first_back, steady_end),
+                     ("cool-down", steady_end, finish)]
+            out[r] = [(name, a, b) for name, a, b in spans if b > a]
+        return out
 
     # --- memory ------------------------------------------------------------------------------
     def memory_curve(self, rank: int) -> list[tuple[float, float]]:

@@ -76,6 +76,23 @@ def describe(cfg: ModelConfig) -> str:
             f"{cfg.total_layers} pipeline-splittable layers (embedding + {cfg.n_layers} blocks + head)")
 
 
+def format_samples(model, prompts, n: int = 40) -> str:
+    """Continuations as readable text (not Python reprs): one block per prompt, the prompt in
+    brackets and newlines kept as line breaks, indented under it."""
+    from .train import sample
+    blocks = []
+    for prompt in prompts:
+        text = sample(model, prompt, n=n)
+        continuation = text[len(prompt):]
+        lines = f"[{prompt}]{continuation}".split("\n")
+        blocks.append("\n".join(["  " + lines[0]] + ["    " + line for line in lines[1:]]))
+    return "\n".join(blocks)
+
+
+def print_samples(model, prompts, n: int = 40) -> None:
+    print(format_samples(model, prompts, n))
+
+
 def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads: int = 4):
     """Sliders for depth, width and steps; a button that trains and plots the loss curve.
 
@@ -87,11 +104,17 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
     """
     import ipywidgets as w
     from IPython.display import display
+    from . import ui
 
-    layers_slider = w.IntSlider(value=layers, min=1, max=8, description="layers")
-    width_slider = w.IntSlider(value=width, min=16, max=128, step=16, description="width")
-    steps_slider = w.IntSlider(value=steps, min=20, max=400, step=20, description="steps")
-    button = w.Button(description="Train", button_style="primary", icon="play")
+    layers_slider = ui.slider("int", "layers", value=layers, min=1, max=8, continuous_update=True)
+    width_slider = ui.slider("int", "width (d_model)", value=width, min=16, max=128, step=16,
+                             continuous_update=True)
+    steps_slider = ui.slider("int", "training steps (used by Train)", value=steps, min=20,
+                             max=400, step=20)
+    button = w.Button(description="Train", button_style="primary", icon="play",
+                      layout=w.Layout(width="160px", margin="4px 0 4px 224px"))
+    hint = w.HTML("<i>Layers and width describe the model at once; nothing trains until you "
+                  "press Train, which uses all three sliders.</i>")
     for widget, name in ((layers_slider, "layers"), (width_slider, "width"),
                          (steps_slider, "steps"), (button, "train")):
         widget.add_class(f"pipelab-{name}")
@@ -105,7 +128,8 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
 
     info = w.interactive_output(show_info, {"n_layers": layers_slider, "d_model": width_slider})
     info.add_class("pipelab-info")
-    plot = w.Output()
+    info.layout.min_height = "24px"
+    plot = w.Output(layout=w.Layout(min_height="420px"))
     plot.add_class("pipelab-plot")
     runs: list[tuple[str, list[float]]] = []
     seen: dict[tuple[int, int, int], int] = {}     # (layers, width, steps) -> first run number
@@ -117,7 +141,8 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
             with plot:
                 plot.clear_output(wait=True)
                 start = time.perf_counter()
-                losses = train(cfg, steps=n_steps, progress=True)
+                model = ToyGPT(cfg)
+                losses = train(cfg, steps=n_steps, progress=True, model=model)
                 elapsed = time.perf_counter() - start
                 number = len(runs) + 1
                 key = (cfg.n_layers, cfg.d_model, n_steps)
@@ -132,12 +157,16 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
                 display(fig)
                 plt.close(fig)
                 tail = sum(losses[-10:]) / len(losses[-10:])
-                print(f"trained {cfg.n_layers} layers × width {cfg.d_model} for {n_steps} steps "
-                      f"in {elapsed:.1f} s: loss {losses[0]:.2f} → {tail:.2f} "
-                      f"(mean of the last 10 steps); {label}")
+                # Short lines: the output area breaks long ones anywhere, even inside a word.
+                print(f"{label}: trained {cfg.n_layers} layers × width {cfg.d_model} "
+                      f"for {n_steps} steps in {elapsed:.1f} s")
+                print(f"loss {losses[0]:.2f} → {tail:.2f} (mean of the last 10 steps)")
+                print("the model continues:")
+                print(format_samples(model, ["the small "], n=40))
         finally:
             button.disabled = False
 
     button.on_click(on_train)
-    return w.VBox([w.HBox([layers_slider, width_slider]), w.HBox([steps_slider, button]),
-                   info, plot])
+    box = w.VBox([layers_slider, width_slider, steps_slider, button, hint, info, plot])
+    box.add_class("pipelab-training-widget")
+    return box

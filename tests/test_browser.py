@@ -1,8 +1,10 @@
-"""Notebook 00 in a real browser: JupyterLab + headless Debian chromium driven by playwright.
+"""The notebooks' widgets in a real browser: JupyterLab + headless Debian chromium (playwright).
 
-Starts JupyterLab on a temporary copy of notebooks/ (Run All and autosave write outputs back),
-runs every cell through the command palette, moves the `layers` slider with the keyboard, trains
-from the widget's button and checks that the page shows the new model and its loss curve.
+Starts JupyterLab on a temporary copy of notebooks/ (Run All and autosave write outputs back).
+Notebook 00: runs every cell, moves the `layers` slider with the keyboard, trains from the
+widget's button and checks that the page shows the new model and its loss curve.
+The teaching widgets: a small notebook written into the copy drives the player (time slider and
+play button) and a predict-then-check question. Screenshots go to artifacts/screenshots/.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from pipelab import ModelConfig
 from pipelab.widgets import describe
 
 REPO = Path(__file__).resolve().parent.parent
+SCREENSHOTS = REPO / "artifacts" / "screenshots"      # gitignored; CI keeps them as artifacts
 CHROMIUM = shutil.which("chromium")
 CHROMIUM_FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update",
@@ -145,21 +148,32 @@ def test_welcome_notebook_widget_trains_in_browser(lab, page):
     try:
         _check_welcome_notebook(lab, page)
     except BaseException:
-        shot = lab.log.parent / "failure.png"
-        page.screenshot(path=shot)
+        shot = _screenshot(page, "welcome-failure")
         print(f"screenshot of the page: {shot}; server log: {lab.log}")
         raise
+
+
+def _screenshot(page, name: str, **kwargs) -> Path:
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    path = SCREENSHOTS / f"{name}.png"
+    page.screenshot(path=path, **kwargs)
+    return path
+
+
+def _open_and_run(page, lab, notebook: str) -> None:
+    page.goto(lab.url(f"lab/tree/{notebook}"))
+    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
+    # Run All before the kernel is up would open a "Select Kernel" dialog instead.
+    expect_idle = page.locator(".jp-StatusBar-TextItem", has_text="Python 3 (ipykernel) | Idle")
+    from playwright.sync_api import expect
+    expect(expect_idle).to_have_count(1, timeout=90_000)
+    _run_all_cells(page)
 
 
 def _check_welcome_notebook(lab, page) -> None:
     from playwright.sync_api import expect
 
-    page.goto(lab.url("lab/tree/00_welcome.ipynb"))
-    page.locator(".jp-NotebookPanel .jp-Cell").first.wait_for()
-    # Run All before the kernel is up would open a "Select Kernel" dialog instead.
-    expect(page.locator(".jp-StatusBar-TextItem", has_text="Python 3 (ipykernel) | Idle")
-           ).to_have_count(1, timeout=90_000)
-    _run_all_cells(page)
+    _open_and_run(page, lab, "00_welcome.ipynb")
 
     # The widget is the last cell: once it shows, every cell above ran.
     info = page.locator(".pipelab-info")
@@ -189,3 +203,111 @@ def _check_welcome_notebook(lab, page) -> None:
     text = plot.inner_text()
     start, end = map(float, re.search(r"loss (\d+\.\d+) → (\d+\.\d+)", text).groups())
     assert end < start, f"the widget's run should lower the loss: {text}"
+    page.locator(".pipelab-training-widget").scroll_into_view_if_needed()
+    _screenshot(page, "welcome-training-widget")
+
+
+# --- the teaching widgets: player and predict ---------------------------------------------------
+
+TEACH_CELLS = [
+    "%matplotlib inline\n"
+    "import pipelab as pl\n"
+    "tl = pl.simulate(pl.schedule('1f1b', ranks=4, microbatches=8), pl.Costs(comm=0.5))\n"
+    "pl.explorer.player(tl, critical_path=True)",
+    "question = pl.explorer.predict('1F1B with p=4, m=8 and a message latency of 0.5: "
+    "what is the makespan?', tl.makespan, unit='units', explain='Latency sits on the critical "
+    "path once per message of the steady state.')\n"
+    "question",
+    "pl.explorer.schedule_explorer(names=('1f1b', 'gpipe'), memory=True, critical_path=True);",
+]
+PLAYER_STEPS = 12        # arrow presses on the time slider
+
+
+def _write_teach_notebook(folder: Path) -> str:
+    import nbformat
+    nb = nbformat.v4.new_notebook()
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in TEACH_CELLS]
+    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
+                                 "language": "python"}
+    name = "teach_widgets.ipynb"
+    nbformat.write(nb, folder / name)
+    return name
+
+
+@pytest.mark.timeout(300)
+def test_player_and_predict_in_browser(lab, page):
+    try:
+        _check_teaching_widgets(lab, page)
+    except BaseException:
+        shot = _screenshot(page, "teach-failure")
+        print(f"screenshot of the page: {shot}; server log: {lab.log}")
+        raise
+
+
+def _check_teaching_widgets(lab, page) -> None:
+    from playwright.sync_api import expect
+
+    import pipelab as pl
+    from pipelab.player import frame_times, status
+
+    name = _write_teach_notebook(lab.log.parent / "notebooks")
+    _open_and_run(page, lab, name)
+    # The file browser open: the notebook gets ~1,000 px, as a reader's screen would give it.
+    if not page.locator(".jp-FileBrowser").is_visible():
+        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
+    expect(page.locator(".jp-FileBrowser")).to_be_visible()
+
+    tl = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=8), pl.Costs(comm=0.5))
+    frames = frame_times([tl])
+    player_status = page.locator(".pipelab-player-status")
+    expect(player_status).to_contain_text("t = 0 units", timeout=120_000)
+    expect(player_status).to_contain_text(status(tl, 0.0)[0])
+    expect(page.locator(".pipelab-player-chart")).to_be_visible()
+    expect(page.get_by_text("Traceback (most recent call last)")).to_have_count(0)
+    picture = page.locator(".pipelab-player-chart").get_attribute("src")
+    page.locator(".pipelab-player").scroll_into_view_if_needed()
+    _screenshot(page, "player-start")
+
+    # The slider is usable with the file browser open: a long track.
+    track = page.locator(".pipelab-player-time .slider-container").bounding_box()
+    assert track["width"] > 300, track
+
+    handle = page.locator(".pipelab-player-time .noUi-handle")
+    handle.focus()
+    for _ in range(PLAYER_STEPS):
+        handle.press("ArrowRight")
+    t = frames[PLAYER_STEPS]
+    expect(player_status).to_contain_text(f"t = {t:.4g} units", timeout=30_000)
+    for line in status(tl, t):
+        expect(player_status).to_contain_text(line)
+    expect(page.locator(".pipelab-player-chart")).not_to_have_attribute("src", picture)
+    _screenshot(page, "player-moved")
+
+    # Play runs on by itself from there.
+    page.locator(".pipelab-player-play button").first.click()
+    expect(player_status).not_to_contain_text(f"t = {t:.4g} units", timeout=30_000)
+    page.locator(".pipelab-player-play button").first.click()       # pause
+
+    question = page.locator(".pipelab-predict")
+    question.scroll_into_view_if_needed()
+    answer = question.locator(".pipelab-predict-input input")
+    result = question.locator(".pipelab-predict-result")
+    answer.fill("36")
+    answer.press("Tab")          # a change event, as a reader leaving the box makes
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("wrong", timeout=30_000)
+    expect(result).to_contain_text("41 units")
+    answer.fill("")
+    answer.press_sequentially("41")
+    answer.press("Tab")
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("right", timeout=30_000)
+    _screenshot(page, "predict-checked")
+
+    explorer = page.locator(".pipelab-schedule-explorer")
+    explorer.scroll_into_view_if_needed()
+    expect(explorer.locator("img")).to_have_count(1, timeout=60_000)
+    expect(explorer).to_contain_text("critical path:")
+    for slider in explorer.locator(".slider-container").all():
+        assert slider.bounding_box()["width"] > 300       # usable tracks, file browser open
+    _screenshot(page, "schedule-explorer")

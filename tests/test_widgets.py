@@ -8,7 +8,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab import widgets  # noqa: E402
+from pipelab import ui, widgets  # noqa: E402
 
 
 def test_layer_table_and_plot():
@@ -43,28 +43,71 @@ def test_plot_losses_keeps_every_run_visible_and_numbered():
     plt.close("all")
 
 
+def _training_parts(box):
+    return {c._dom_classes[0]: c for c in box.children if c._dom_classes}
+
+
+def test_training_widget_layout_one_control_per_row():
+    box = widgets.training_widget(layers=1, width=16, steps=20)
+    parts = _training_parts(box)
+    sliders = [parts[f"pipelab-{n}"] for n in ("layers", "width", "steps")]
+    assert all(s in box.children for s in sliders)              # one per row, not in HBoxes
+    assert {s.style.description_width for s in sliders} == {"220px"}
+    assert {s.layout.width for s in sliders} == {ui.CONTROL_WIDTH}
+    assert "Train" in parts["pipelab-steps"].description        # steps act when Train is pressed
+    assert parts["pipelab-plot"].layout.min_height              # the page does not jump
+
+
+def test_format_samples_prints_text_not_reprs():
+    model = pl.ToyGPT(pl.ModelConfig(n_layers=1, d_model=16))
+    text = widgets.format_samples(model, ["ab", "c"], n=5)
+    lines = text.splitlines()
+    assert lines[0].startswith("  [ab]") and any(line.startswith("  [c]") for line in lines)
+    assert "\\n" not in text and "'" not in text
+
+
 def test_training_widget_updates_and_trains(capsys):
     box = widgets.training_widget(layers=1, width=16, steps=20)
-    sliders = {c._dom_classes[0]: c for row in box.children[:2] for c in row.children}
-    assert set(sliders) == {"pipelab-layers", "pipelab-width", "pipelab-steps", "pipelab-train"}
-    sliders["pipelab-layers"].value = 2
-    button = sliders["pipelab-train"]
+    parts = _training_parts(box)
+    assert {"pipelab-layers", "pipelab-width", "pipelab-steps", "pipelab-train"} <= set(parts)
+    parts["pipelab-layers"].value = 2
+    button = parts["pipelab-train"]
     capsys.readouterr()
     button.click()                      # trains 20 steps of a 2-layer, 16-wide model
     assert not button.disabled
     # Outside a kernel the Output widget passes prints through: the run used the slider's value.
-    summary = capsys.readouterr().out.splitlines()[-1]
-    assert summary.startswith("trained 2 layers × width 16 for 20 steps"), summary
-    assert summary.endswith("; run 1: 2 layers × 16"), summary
-    first, last = (float(v) for v in summary.split("loss ")[1].split(" (")[0].split(" → "))
+    out = capsys.readouterr().out.splitlines()
+    head = next(line for line in out if line.startswith("run 1:"))
+    assert head.startswith("run 1: 2 layers × 16: trained 2 layers × width 16 for 20 steps"), head
+    loss = next(line for line in out if line.startswith("loss "))
+    assert max(len(line) for line in out) < 90          # no line long enough to wrap mid-word
+    first, last = (float(v) for v in loss.split("loss ")[1].split(" (")[0].split(" → "))
     assert last < first
+    assert any(line.startswith("  [the small ]") for line in out)
     assert "2 layers × width 16" in widgets.describe(pl.ModelConfig(n_layers=2, d_model=16))
 
     button.click()                      # the same configuration again: a numbered repeat
-    again = capsys.readouterr().out.splitlines()[-1]
-    assert again.endswith("; run 2: 2 layers × 16 (same as run 1)"), again
-    assert again.split("loss ")[1] == summary.split("loss ")[1].replace("run 1", "run 2") \
-        + " (same as run 1)"            # deterministic: the same curve, hence the note
-    sliders["pipelab-layers"].value = 1
+    again = capsys.readouterr().out.splitlines()
+    assert any(line.startswith("run 2: 2 layers × 16 (same as run 1): trained") for line in again)
+    assert next(line for line in again if line.startswith("loss ")) == loss   # deterministic
+    parts["pipelab-layers"].value = 1
     button.click()
-    assert capsys.readouterr().out.splitlines()[-1].endswith("; run 3: 1 layers × 16")
+    assert any(line.startswith("run 3: 1 layers × 16: trained")
+               for line in capsys.readouterr().out.splitlines())
+
+
+def test_explorers_use_the_shared_layout():
+    import ipywidgets as w
+    box = pl.explorer.schedule_explorer(names=("gpipe", "1f1b"), ranks=2, microbatches=2)
+    controls = box.controls
+    assert set(controls) >= {"fixed_batch", "critical_path", "comm"}
+    assert controls["fixed_batch"].value is True and controls["critical_path"].value is False
+    rows = [c for c in box.children if not isinstance(c, w.Output)]
+    assert rows == list(controls.values())                       # one control per row
+    assert all(c.style.description_width == "220px" for c in rows)
+    assert all(c.layout.width == ui.CONTROL_WIDTH for c in rows)
+    assert box.children[-1].layout.min_height
+    balance = pl.explorer.balance_explorer(pl.ModelConfig())
+    assert [type(c).__name__ for c in balance.children] == ["IntSlider", "Dropdown", "Output"]
+    assert balance.children[0].layout.width == ui.CONTROL_WIDTH
+    plt.close("all")

@@ -37,6 +37,7 @@ class RunResult:
     grad_errors: dict[str, float] = field(default_factory=dict)
     timelines: list[Timeline] = field(default_factory=list)   # measured, one per step
     send_buffer_peak: dict[int, int] = field(default_factory=dict)   # bytes held by posted sends
+    i_frees: float | None = None        # measured share of a forward's activations an I frees
     wall_time: float = 0.0              # seconds the caller waited for the run
 
     @property
@@ -119,7 +120,7 @@ def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
                    for _i, a, _w, start, end, cpu, _mem in step["actions"]]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
     return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
-                    memory_unit="bytes", title=spec.schedule.name)
+                    memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
 
 
 def _latency(reports: list[dict], k: int) -> float:
@@ -135,6 +136,24 @@ def _latency(reports: list[dict], k: int) -> float:
                 waited.append(max(latency, 0.0))
     pool = waited or all_
     return statistics.median(pool) if pool else 0.0
+
+
+def _i_frees(reports: list[dict], k: int) -> float | None:
+    """The share of a forward's activation bytes that its I releases (W releases the rest),
+    measured with the saved-tensors meter: the median over the step's split backwards of the
+    bytes I freed over the bytes F added. None when the schedule splits no backward."""
+    added, shares = {}, []
+    for rep in reports:
+        before = rep["steps"][k]["memory"][0][1]
+        for _i, item, _w, _s, _e, _c, live in rep["steps"][k]["actions"]:
+            if len(item.parts) == 1 and item.kind == "F":
+                added[(item.stage, item.microbatch)] = live - before
+            elif len(item.parts) == 1 and item.kind == "I":
+                grew = added.get((item.stage, item.microbatch))
+                if grew:
+                    shares.append((before - live) / grew)
+            before = live
+    return statistics.median(shares) if shares else None
 
 
 def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[float, float, dict]:
@@ -164,8 +183,11 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     timelines = [_measured(spec, reports, k) for k in range(last + 1)]
     cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
     comm = _latency(reports, last)
-    replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed")
-    modelled = simulate(sched, Costs.fit(timelines[-1], sched.stages, comm), source="simulated")
+    i_frees = _i_frees(reports, last)
+    replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed",
+                      i_frees=0.0 if i_frees is None else i_frees)
+    modelled = simulate(sched, Costs.fit(timelines[-1], sched.stages, comm), source="simulated",
+                        i_frees=0.0 if i_frees is None else i_frees)
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}
     result = RunResult(spec, timelines[-1], replay, modelled,
@@ -173,7 +195,8 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                        loss=history[0], loss_history=history, comm_latency=comm,
                        recv_wait=wait, timelines=timelines, wall_time=wall_time,
                        send_buffer_peak={rep["rank"]: rep["steps"][last]["send_peak"]
-                                         for rep in reports})
+                                         for rep in reports},
+                       i_frees=i_frees)
     if spec.check:
         grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)

@@ -1,0 +1,316 @@
+"""Play a pipeline back: at time t, what every rank runs, which messages fly, what memory is live.
+
+The questions are pure functions of a Timeline (`running_at`, `messages_in_flight`,
+`live_activations`, `status`), tested without a browser. `player()` draws the Gantt chart(s)
+and memory curves once, on one time axis, and on each frame only moves the cursor, re-dims the
+boxes and redraws the arrows, then sends one PNG of fixed size (the page never jumps).
+"""
+from __future__ import annotations
+
+import io
+from bisect import bisect_right
+from typing import NamedTuple, Sequence
+
+from .timeline import Event, Timeline
+
+
+class Message(NamedTuple):
+    """An output crossing ranks: sent when `producer` ended, received when `consumer` starts."""
+    producer: Event
+    consumer: Event
+
+    @property
+    def what(self) -> str:
+        return "activation" if self.producer.action.kind == "F" else "gradient"
+
+
+# --- what happens at time t (t is measured from the timeline's start) -----------------------
+
+def running_at(tl: Timeline, t: float) -> dict[int, Event | None]:
+    """The event each rank runs at t (start <= t < end), or None when the rank is idle."""
+    index = _index(tl)
+    out = {}
+    for rank in range(tl.ranks):
+        starts, events = index["starts"][rank], index["events"][rank]
+        i = bisect_right(starts, t + tl.start) - 1
+        out[rank] = events[i] if i >= 0 and events[i].end > t + tl.start else None
+    return out
+
+
+def messages_in_flight(tl: Timeline, t: float) -> list[Message]:
+    """Transfers between ranks whose send has happened (producer ended at or before t) and
+    whose receive has not (the consumer starts after t)."""
+    now = t + tl.start
+    return [m for m in _index(tl)["messages"] if m.producer.end <= now < m.consumer.start]
+
+
+def live_activations(tl: Timeline, t: float) -> dict[int, float]:
+    """Each rank's live activations at t (in `tl.memory_unit`), read off its step curve."""
+    now, out = t + tl.start, {}
+    for rank in range(tl.ranks):
+        level = 0.0
+        for when, value in tl.memory_curve(rank):
+            if when > now:
+                break
+            level = value
+        out[rank] = level
+    return out
+
+
+def status(tl: Timeline, t: float) -> list[str]:
+    """One line per rank: "rank 0 runs 0F3", "rank 1 idle (waiting for 0F3's activation)"..."""
+    running = running_at(tl, t)
+    live = live_activations(tl, t)
+    comm = tl.comm or 0.0
+    now = t + tl.start
+    index = _index(tl)
+    lines = []
+    for rank in range(tl.ranks):
+        event = running[rank]
+        if event is not None:
+            doing = f"runs {event.action}"
+        else:
+            starts, events = index["starts"][rank], index["events"][rank]
+            i = bisect_right(starts, now)
+            doing = "idle (done)" if i >= len(events) else f"idle ({_why_waiting(tl, events[i], now, comm)})"
+        lines.append(f"rank {rank} {doing}; live activations {_amount(live[rank], tl.memory_unit)}")
+    return lines
+
+
+def _amount(level: float, unit: str) -> str:
+    if unit == "bytes":
+        return f"{level / 2**20:.3g} MiB" if level >= 2**20 else f"{level / 2**10:.3g} KiB"
+    return f"{level:.4g}"
+
+
+def _why_waiting(tl: Timeline, next_event: Event, now: float, comm: float) -> str:
+    pending = []
+    for dep in tl.dependencies_of(next_event):
+        arrival = dep.end + (comm if dep.rank != next_event.rank else 0.0)
+        if arrival > now:
+            pending.append((arrival, dep))
+    if not pending:      # measured runs: the inputs are here, the rank is still getting to it
+        return f"its inputs have arrived; next: {next_event.action}"
+    _, dep = max(pending, key=lambda p: (p[0], p[1].rank))
+    what = "activation" if dep.action.kind == "F" else "gradient"
+    where = "in flight" if dep.end <= now else f"rank {dep.rank} still computing it" \
+        if dep.rank != next_event.rank else "computed here first"
+    return f"waiting for {dep.action}'s {what}, {where}; next: {next_event.action}"
+
+
+def _index(tl: Timeline) -> dict:
+    """Per-rank start times and events, and every cross-rank message; cached on the timeline."""
+    cached = getattr(tl, "_player_index", None)
+    if cached is not None and cached[0] is tl.events:
+        return cached[1]
+    per_rank = [tl.events_of(r) for r in range(tl.ranks)]
+    messages = [Message(dep, e) for e in tl.events for dep in tl.dependencies_of(e)
+                if dep.rank != e.rank]
+    index = {"events": per_rank, "starts": [[e.start for e in mine] for mine in per_rank],
+             "messages": messages}
+    tl._player_index = (tl.events, index)
+    return index
+
+
+def frame_times(timelines: Sequence[Timeline], limit: int = 400) -> list[float]:
+    """The instants worth showing: every start and end, and the middle between two of them,
+    on the first timeline's clock (at most `limit`, evenly thinned)."""
+    points = {0.0}
+    for tl, factor in zip(timelines, _clock_factors(timelines)):
+        for e in tl.events:
+            points.add((e.start - tl.start) / factor)
+            points.add((e.end - tl.start) / factor)
+    ordered = sorted(points)
+    frames = sorted(set(ordered) | {(a + b) / 2 for a, b in zip(ordered, ordered[1:])})
+    if len(frames) > limit:
+        step = (len(frames) - 1) / (limit - 1)
+        frames = [frames[round(i * step)] for i in range(limit)]
+    return frames
+
+
+def _clock_factors(timelines: Sequence[Timeline]) -> list[float]:
+    """1 for timelines on the first one's time unit; otherwise the ratio of makespans, so that
+    timelines in other units are shown at the same share of their makespan."""
+    first = timelines[0]
+    return [1.0 if tl.time_unit == first.time_unit or not first.makespan
+            else (tl.makespan or 1.0) / first.makespan for tl in timelines]
+
+
+# --- the widget ---------------------------------------------------------------------------------
+
+def _as_timelines(timelines) -> list[Timeline]:
+    from .simulate import Costs, simulate
+    items = timelines if isinstance(timelines, (list, tuple)) else [timelines]
+    out = []
+    for item in items:
+        if isinstance(item, Timeline):
+            out.append(item)
+        elif hasattr(item, "execution_order"):
+            out.append(simulate(item, Costs()))
+        else:
+            raise ValueError(f"player() takes Timelines or Schedules, got {type(item).__name__}")
+    if not out:
+        raise ValueError("player() needs at least one timeline")
+    return out
+
+
+def player(timelines, *, memory: bool = True, phases: bool = True, critical_path: bool = False,
+           messages: bool = True, title: str | None = None):
+    """A play button and a time slider over one or several timelines (e.g. measured, replayed,
+    simulated), drawn on one time axis. At time t: the running boxes bright and outlined, the
+    rest dimmed; arrows for messages in flight; a cursor on the memory curves with each rank's
+    live activations; below, one line per rank saying what it does or waits for.
+
+    `timelines`: a Timeline, a list of them, or a Schedule (simulated with unit costs).
+    Returns the widget (a VBox; also usable as a cell's last expression). `.show(t)` jumps.
+    """
+    import ipywidgets as w
+    box = w.VBox()
+    _setup(box, _as_timelines(timelines), memory=memory, phases=phases,
+           critical_path=critical_path, messages=messages, title=title)
+    return box
+
+
+def _setup(box, timelines, *, memory, phases, critical_path, messages, title) -> None:
+    import ipywidgets as w
+    from matplotlib.figure import Figure
+    from . import plots, ui
+
+    box.timelines = timelines
+    box.factors = _clock_factors(timelines)
+    box.frames = frame_times(timelines)
+    scale, unit = plots._time_scale(timelines[0])
+    box.unit = unit
+    rows = []
+    for i, tl in enumerate(timelines):
+        rows.append(("gantt", i, 0.9 + 0.42 * tl.ranks))
+        if memory:
+            rows.append(("memory", i, 1.6))
+    heights = [h for _, _, h in rows]
+    extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
+    fig = Figure(figsize=(10, sum(heights) + extra + 0.3), dpi=72)
+    axes = fig.subplots(len(rows), 1, squeeze=False,
+                        gridspec_kw={"height_ratios": heights})[:, 0]
+    xmax = max(tl.makespan * plots._time_scale(tl)[0] / f for tl, f in zip(timelines, box.factors))
+    box.gantt_axes, box.memory_axes, box.cursors = {}, {}, []
+    mem_max: dict[str, float] = {}
+    for tl in timelines:
+        mem_scale, mem_unit = plots._memory_scale(tl)
+        peak = max(tl.peak_activations().values(), default=0.0) / mem_scale
+        mem_max[mem_unit] = max(mem_max.get(mem_unit, 0.0), peak)
+    for (what, i, _), ax in zip(rows, axes):
+        tl = timelines[i]
+        heading = title if (title and i == 0) else (tl.title or None)
+        if what == "gantt":
+            plots.plot_gantt(tl, ax=ax, title=heading, critical_path=critical_path,
+                             phases=phases)
+            box.gantt_axes[i] = ax
+        else:
+            plots.plot_memory(tl, ax=ax, title=heading, ymax=mem_max.get(plots._memory_scale(tl)[1]))
+            box.memory_axes[i] = ax
+        # A timeline in another unit is stretched onto the first one's axis.
+        ax.set_xlim(0, xmax * box.factors[i] * plots._time_scale(tl)[0] / scale)
+        box.cursors.append((i, ax.axvline(0, color="black", linewidth=1.2, zorder=6)))
+    height = fig.get_figheight()
+    fig.subplots_adjust(**plots.MARGINS, top=1 - (0.45 + 0.2 * critical_path) / height,
+                        bottom=0.45 / height,
+                        hspace=extra / len(rows) / (sum(heights) / len(rows)))
+    box.figure = fig
+    box.messages = messages
+    box.arrows = []
+    box.markers = {i: ax.scatter([], [], s=18, color="black", zorder=7)
+                   for i, ax in box.memory_axes.items()}
+    box.highlighted = [set() for _ in timelines]
+    box.colours = [{e: bar.get_facecolor() for e, bar in ax.pipelab_bars.items()}
+                   for _, ax in sorted(box.gantt_axes.items())]
+
+    box.play = w.Play(value=0, min=0, max=len(box.frames) - 1, step=1, interval=350,
+                      description="play", layout=w.Layout(width="120px"))
+    # Beside the play button the label is short, so the track gets the width.
+    box.slider = w.IntSlider(value=0, min=0, max=len(box.frames) - 1, description="time",
+                             readout=False, continuous_update=True,
+                             style={"description_width": "50px"}, layout=ui.layout())
+    box.time_label = w.HTML(layout=w.Layout(width="180px"))
+    w.jslink((box.play, "value"), (box.slider, "value"))
+    box.image = w.Image(format="png", layout=w.Layout(width="100%", max_width="1000px"))
+    lines = 1 + sum(1 + tl.ranks for tl in timelines)
+    box.status = w.HTML(layout=w.Layout(min_height=f"{20 * lines + 10}px"))
+    for widget, name in ((box, "player"), (box.play, "player-play"), (box.slider, "player-time"),
+                         (box.image, "player-chart"), (box.status, "player-status")):
+        widget.add_class(f"pipelab-{name}")
+
+    def show(t: float) -> None:
+        _draw_frame(box, t)
+
+    def on_frame(change) -> None:
+        show(box.frames[change["new"]])
+
+    box.show = show
+    box.slider.observe(on_frame, names="value")
+    box.children = [w.HBox([box.play, box.slider, box.time_label]), box.image, box.status]
+    show(box.frames[0])
+
+
+def _draw_frame(box, t: float) -> None:
+    """Move the cursor to t (first timeline's clock), re-dim the boxes, redraw the arrows."""
+    import html
+
+    from matplotlib.patches import FancyArrowPatch
+    from . import plots
+
+    for arrow in box.arrows:
+        arrow.remove()
+    box.arrows = []
+    text = [f"<b>t = {t * plots._time_scale(box.timelines[0])[0]:.4g} {box.unit}</b>"]
+    for i, tl in enumerate(box.timelines):
+        local = t * box.factors[i]
+        scale = plots._time_scale(tl)[0]
+        running = running_at(tl, local)
+        now = local + tl.start
+        ax = box.gantt_axes[i]
+        lit = {e for e in running.values() if e is not None}
+        box.highlighted[i] = lit
+        for event, bar in ax.pipelab_bars.items():
+            on_path = getattr(bar, "pipelab_path", False)
+            colour = box.colours[i][event]
+            if event in lit:
+                bar.set_facecolor(colour)
+                bar.set_edgecolor(plots.PATH_COLOUR if on_path else "black")
+                bar.set_linewidth(2.5)
+            else:
+                # Dimmed towards white, still opaque: over the phase shading, a transparent
+                # box would turn muddy. Done boxes stay stronger than those still to come.
+                bar.set_facecolor(_towards_white(colour, 0.45 if event.end <= now else 0.72))
+                bar.set_edgecolor(plots.PATH_COLOUR if on_path else "white")
+                bar.set_linewidth(2.0 if on_path else 0.5)
+        if box.messages:
+            for m in messages_in_flight(tl, local):
+                arrow = FancyArrowPatch(((m.producer.end - tl.start) * scale, m.producer.rank),
+                                        ((m.consumer.start - tl.start) * scale, m.consumer.rank),
+                                        arrowstyle="-|>", mutation_scale=10, linewidth=1.3,
+                                        color="black", zorder=8)
+                ax.add_patch(arrow)
+                box.arrows.append(arrow)
+        live = live_activations(tl, local)
+        if i in box.memory_axes:
+            mem_scale = plots._memory_scale(tl)[0]
+            box.markers[i].set_offsets([(local * scale, live[r] / mem_scale)
+                                        for r in range(tl.ranks)])
+        flying = messages_in_flight(tl, local)
+        name = html.escape(f"{tl.title or 'pipeline'} ({tl.source})")
+        text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
+        text += [html.escape(line) for line in status(tl, local)]
+    for i, cursor in box.cursors:
+        scale = plots._time_scale(box.timelines[i])[0]
+        cursor.set_xdata([t * box.factors[i] * scale] * 2)
+    buffer = io.BytesIO()
+    box.figure.savefig(buffer, format="png")
+    box.image.value = buffer.getvalue()
+    box.time_label.value = text[0]
+    box.status.value = ("<div style='font-family: monospace; font-size: 12px; "
+                        "line-height: 20px; white-space: pre'>" + "<br>".join(text) + "</div>")
+
+
+def _towards_white(rgba, share: float) -> tuple:
+    r, g, b = rgba[:3]
+    return (r + (1 - r) * share, g + (1 - g) * share, b + (1 - b) * share, 1.0)

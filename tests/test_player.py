@@ -1,0 +1,187 @@
+"""The player's questions (what runs, what flies, what is live at t), the player and predict
+widgets without a browser, and live_compare's fair ordering (with a stand-in cluster)."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import pytest  # noqa: E402
+
+import pipelab as pl  # noqa: E402
+from pipelab.player import (frame_times, live_activations, messages_in_flight,  # noqa: E402
+                            running_at, status)
+
+COMM = pl.Costs(F=1.0, I=1.0, W=1.0, comm=0.5)
+
+
+@pytest.fixture(scope="module")
+def one_f():
+    return pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=8), COMM)
+
+
+def _names(running):
+    return {r: (str(e.action) if e else None) for r, e in running.items()}
+
+
+def test_running_at_uses_half_open_intervals(one_f):
+    assert _names(running_at(one_f, 0.0)) == {0: "0F0", 1: None, 2: None, 3: None}
+    assert _names(running_at(one_f, 0.999)) == {0: "0F0", 1: None, 2: None, 3: None}
+    assert _names(running_at(one_f, 1.0))[0] == "0F1"       # 0F0 ended, 0F1 starts
+    assert _names(running_at(one_f, 1.5)) == {0: "0F1", 1: "1F0", 2: None, 3: None}  # 1 + c
+    assert _names(running_at(one_f, 10.6)) == {0: None, 1: "1B0", 2: "2F2", 3: None}
+    assert all(e is None for e in running_at(one_f, one_f.makespan).values())
+
+
+def test_messages_in_flight_between_send_and_receive(one_f):
+    def flying(t):
+        return sorted((str(m.producer.action), str(m.consumer.action), m.what)
+                      for m in messages_in_flight(one_f, t))
+    assert flying(0.5) == []
+    assert flying(1.0) == [("0F0", "1F0", "activation")]     # sent at 1, received at 1.5
+    assert flying(1.49) == [("0F0", "1F0", "activation")]
+    assert flying(1.5) == []
+    # 3B0 ends at 7.5; 2B0 starts 0.5 later: a gradient flies up
+    assert ("3B0", "2B0", "gradient") in flying(7.6)
+    for t in (2.0, 5.2, 10.6, 20.0):
+        for m in messages_in_flight(one_f, t):
+            assert m.producer.rank != m.consumer.rank
+            assert m.producer.end <= t < m.consumer.start
+
+
+def test_live_activations_read_the_memory_curve(one_f):
+    assert live_activations(one_f, 0.0) == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}
+    assert live_activations(one_f, 5.2) == {0: 4.0, 1: 3.0, 2: 2.0, 3: 1.0}
+    assert live_activations(one_f, one_f.makespan) == {r: 0.0 for r in range(4)}
+    assert max(live_activations(one_f, t)[0] for t in frame_times([one_f])) == \
+        one_f.peak_activations()[0]
+
+
+def test_status_says_who_runs_and_what_the_idle_wait_for(one_f):
+    lines = status(one_f, 0.5)
+    assert lines[0] == "rank 0 runs 0F0; live activations 1"
+    assert lines[1].startswith("rank 1 idle (waiting for 0F0's activation, rank 0 still computing")
+    lines = status(one_f, 1.2)
+    assert "waiting for 0F0's activation, in flight; next: 1F0" in lines[1]
+    lines = status(one_f, 5.2)
+    assert lines[0].startswith("rank 0 idle (waiting for 1B0's gradient")
+    assert status(one_f, one_f.makespan)[3].startswith("rank 3 idle (done)")
+
+
+def test_frames_visit_every_action():
+    tl = pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2))
+    frames = frame_times([tl])
+    assert frames[0] == 0.0 and frames[-1] == tl.makespan
+    seen = {e for t in frames for e in running_at(tl, t).values() if e is not None}
+    assert seen == set(tl.events)
+
+
+def test_player_moves_highlights_with_the_slider(one_f):
+    box = pl.explorer.player(one_f, critical_path=True)
+    assert "pipelab-player" in box._dom_classes
+    first_png = box.image.value
+    before = {str(e.action) for e in box.highlighted[0]}
+    assert before == {"0F0"}
+    frame = next(k for k, t in enumerate(box.frames) if t >= 10.6)
+    box.slider.value = frame
+    t = box.frames[frame]
+    assert box.highlighted[0] == {e for e in running_at(one_f, t).values() if e is not None}
+    assert {str(e.action) for e in box.highlighted[0]} != before
+    assert box.image.value != first_png                   # the picture moved too
+    assert f"t = {t:.4g} units" in box.status.value
+    assert "rank 1 runs" in box.status.value
+    # the arrows drawn are the messages in flight
+    assert len(box.arrows) == len(messages_in_flight(one_f, t)) > 0
+    bars = box.gantt_axes[0].pipelab_bars
+    lit = next(iter(box.highlighted[0]))
+    def brightness(event):
+        return sum(bars[event].get_facecolor()[:3])
+    original = box.colours[0]
+    assert bars[lit].get_facecolor() == original[lit]
+    assert all(brightness(e) > sum(original[e][:3]) for e in bars if e not in box.highlighted[0])
+
+
+def test_player_takes_several_timelines_a_schedule_and_chunks():
+    sched = pl.schedule("gpipe", ranks=2, microbatches=3)
+    measured_like = pl.simulate(sched, pl.Costs(F=0.002, I=0.002, W=0.002, unit="s"))
+    replay = pl.simulate(sched, pl.Costs(F=0.001, I=0.0015, W=0.0015, unit="s"))
+    box = pl.explorer.player([measured_like, replay], memory=True)
+    assert len(box.gantt_axes) == 2 and len(box.memory_axes) == 2
+    assert box.gantt_axes[0].get_xlim() == box.gantt_axes[1].get_xlim()      # one time axis
+    box.slider.value = len(box.frames) // 3
+    assert all(isinstance(h, set) for h in box.highlighted)
+    from_schedule = pl.explorer.player(sched, memory=False)
+    assert from_schedule.timelines[0].makespan == pl.simulate(sched).makespan
+    chunks = pl.Schedule.from_text("0F0 2F0 2B0 0B0\n1F0 3F0 3B0 1B0", placement=[0, 1, 0, 1])
+    split = pl.Schedule.from_text("0F0 0F1 0I0 0I1 0W0 0W1")
+    for tl in (pl.simulate(chunks, COMM), pl.simulate(split)):
+        box = pl.explorer.player(tl)
+        seen = set()
+        for k in range(1, len(box.frames), 2):      # every action's middle frame
+            box.slider.value = k
+            seen |= box.highlighted[0]
+        assert seen == set(tl.events)         # every action lit once
+    with pytest.raises(ValueError, match="Timelines or Schedules"):
+        pl.explorer.player(["1f1b"])
+
+
+def test_predict_numbers_with_tolerance_and_choices():
+    q = pl.explorer.predict("1F1B makespan at p=4, m=8, c=0.5?", 41.0, tolerance=0.5,
+                            unit="units", explain="latency on the critical path")
+    assert q.answer == 41.0
+    assert q.check(41) and q.check("41.4") and q.check("40.5") and not q.check("41.6")
+    assert not q.check("forty") and not q.check("") and not q.check(float("nan"))
+    q.field.value = "36"
+    q.submit()
+    assert "wrong" in q.result.value and "41 units" in q.result.value
+    assert "latency on the critical path" in q.result.value
+    q.field.value = "41"
+    q.button.click()
+    assert "right" in q.result.value and "wrong" not in q.result.value
+    late = pl.explorer.predict("makespan?", 41.0)       # the click overtakes the typed value
+    late.button.click()
+    assert "type an answer first" in late.result.value
+    late.field.value = "41"
+    assert "right" in late.result.value
+    exact = pl.explorer.predict("bubble?", 3 / 11)
+    assert exact.check("3/11") and exact.check(3 / 11) and not exact.check("0.27")
+    assert pl.explorer.predict("share?", 0.25, tolerance=0.001).check("25%")
+    pick = pl.explorer.predict("faster?", "GPipe", choices=["GPipe", "1F1B"])
+    assert pick.check("gpipe") and not pick.check("1F1B")
+    pick.field.value = "1F1B"
+    pick.submit()
+    assert "wrong" in pick.result.value
+    with pytest.raises(ValueError, match="not among the choices"):
+        pl.explorer.predict("?", "x", choices=["a", "b"])
+
+
+class _FakeCluster:
+    """Records the order of runs; the makespan of each run comes from a list."""
+
+    def __init__(self, times):
+        self.calls, self.times = [], iter(times)
+
+    def run(self, sched, **kwargs):
+        self.calls.append((sched.name, kwargs))
+        tl = SimpleNamespace(makespan=next(self.times))
+        return SimpleNamespace(timeline=tl, schedule=sched, name=sched.name)
+
+
+def test_live_compare_warms_up_then_alternates_and_keeps_the_median():
+    a = pl.schedule("gpipe", ranks=2, microbatches=2)
+    b = pl.schedule("1f1b", ranks=2, microbatches=2)
+    #                  warm-up   r1 (a b)  r2 (b a)  r3 (a b)
+    cluster = _FakeCluster([9, 9, 3.0, 5.0, 4.0, 1.0, 2.0, 6.0])
+    live = pl.explorer.live_compare(cluster, [a, b], rounds=3, model="cfg", batch_size=4)
+    assert [name for name, _ in cluster.calls] == ["gpipe", "1f1b", "gpipe", "1f1b", "1f1b",
+                                                   "gpipe", "gpipe", "1f1b"]
+    assert all(kw == {"model": "cfg", "batch_size": 4} for _, kw in cluster.calls)
+    assert [r.timeline.makespan for r in live.runs["gpipe"]] == [3.0, 1.0, 2.0]
+    assert [r.timeline.makespan for r in live.runs["1f1b"]] == [5.0, 4.0, 6.0]
+    assert live["gpipe"].timeline.makespan == 2.0 and live["1f1b"].timeline.makespan == 5.0
+    assert "gpipe" in live.table()
+    cold = _FakeCluster([1.0, 2.0])
+    pl.explorer.live_compare(cold, {"x": a, "y": b}, rounds=1, warmup=False)
+    assert len(cold.calls) == 2
