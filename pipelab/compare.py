@@ -238,27 +238,29 @@ def fit_costs(*runs) -> Costs:
 @dataclass
 class GainCheck:
     """How much shorter `new`'s step is than `base`'s: predicted by the simulator from the
-    fitted costs, replayed from each run's per-action CPU times, and measured (wall-clock)."""
+    fitted costs, replayed from each run's per-action CPU times, and measured (wall-clock).
+
+    `predicted`, `replayed`, `measured`: {"base": makespan, "new": makespan} (the medians over
+    the rounds for the live ones). `savings`: {"predicted"|"replayed"|"measured": seconds}; for
+    live runs given round by round, the median of the per-round differences, so that a slow
+    spell of the machine, which hits both runs of a round, cancels out."""
     costs: Costs
-    predicted: dict           # {"base": makespan, "new": makespan} simulated with `costs`
+    predicted: dict
     replayed: dict
     measured: dict
-
-    @staticmethod
-    def _saving(d: dict) -> float:
-        return d["base"] - d["new"]
+    savings: dict
 
     @property
     def predicted_saving(self) -> float:
-        return self._saving(self.predicted)
+        return self.savings["predicted"]
 
     @property
     def replayed_saving(self) -> float:
-        return self._saving(self.replayed)
+        return self.savings["replayed"]
 
     @property
     def measured_saving(self) -> float:
-        return self._saving(self.measured)
+        return self.savings["measured"]
 
     def error(self, which: str) -> float:
         """|saving(which) − predicted saving| / predicted saving; which: replayed or measured."""
@@ -267,39 +269,45 @@ class GainCheck:
             if self.predicted_saving else math.inf
 
     def table(self, base: str = "base", new: str = "new") -> str:
-        rows = [("simulated from fitted costs", self.predicted), ("replayed", self.replayed),
-                ("measured", self.measured)]
-        lines = [f"{'':28}{base:>10}{new:>10}{'saving':>10}{'share':>8}{'vs predicted':>14}"]
-        for label, d in rows:
-            saving = self._saving(d)
-            vs = "" if d is self.predicted else \
+        rows = [("simulated (fitted costs)", self.predicted, "predicted"),
+                ("replayed", self.replayed, "replayed"), ("measured", self.measured, "measured")]
+        lines = [f"{'':26}{base:>10}{new:>10}{'saving':>10}{'share':>8}{'vs predicted':>14}"]
+        for label, d, key in rows:
+            saving = self.savings[key]
+            vs = "" if key == "predicted" else \
                 f"{(saving - self.predicted_saving) / self.predicted_saving:+.1%}"
-            lines.append(f"{label:28}{d['base'] * 1e3:>8.2f}ms{d['new'] * 1e3:>8.2f}ms"
+            lines.append(f"{label:26}{d['base'] * 1e3:>8.2f}ms{d['new'] * 1e3:>8.2f}ms"
                          f"{saving * 1e3:>8.2f}ms{saving / d['base']:>8.1%}{vs:>14}")
         return "\n".join(lines)
 
 
+def _median(values) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
 def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
-    """Compare two live runs of the same model (e.g. 1F1B and ZB-H1): the saving the simulator
-    predicts from costs fitted on both runs (`fit_costs`) against the replayed and measured
-    ones. Each argument is a RunResult (or a list of them: the median by measured makespan is
-    used for the measured and replayed numbers, and all of them for the fit)."""
+    """Compare live runs of the same model (e.g. 1F1B and ZB-H1): the saving the simulator
+    predicts from costs fitted on all of them (`fit_costs`) against the replayed and measured
+    savings. Each argument is a RunResult or a list of them, one per round (as
+    `live_compare(...).runs[name]` gives them); with equal lists the live savings are the
+    median of the per-round differences."""
     base_runs = list(base_run) if isinstance(base_run, (list, tuple)) else [base_run]
     new_runs = list(new_run) if isinstance(new_run, (list, tuple)) else [new_run]
     costs = costs or fit_costs(*base_runs, *new_runs)
-
-    def median_of(runs, value):
-        values = sorted(value(r) for r in runs)
-        n = len(values)
-        return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-
     predicted = {"base": simulate(base_runs[0].schedule, costs).makespan,
                  "new": simulate(new_runs[0].schedule, costs).makespan}
-    replayed = {"base": median_of(base_runs, lambda r: r.replay.makespan),
-                "new": median_of(new_runs, lambda r: r.replay.makespan)}
-    measured = {"base": median_of(base_runs, lambda r: r.timeline.makespan),
-                "new": median_of(new_runs, lambda r: r.timeline.makespan)}
-    return GainCheck(costs, predicted, replayed, measured)
+    views = {"replayed": lambda r: r.replay.makespan, "measured": lambda r: r.timeline.makespan}
+    live = {key: {"base": _median(view(r) for r in base_runs),
+                  "new": _median(view(r) for r in new_runs)} for key, view in views.items()}
+    savings = {"predicted": predicted["base"] - predicted["new"]}
+    for key, view in views.items():
+        if len(base_runs) == len(new_runs):
+            savings[key] = _median(view(b) - view(n) for b, n in zip(base_runs, new_runs))
+        else:
+            savings[key] = live[key]["base"] - live[key]["new"]
+    return GainCheck(costs, predicted, live["replayed"], live["measured"], savings)
 
 
 # --- explorers (sliders in, simulated pictures out) ----------------------------------------------

@@ -161,8 +161,23 @@ def test_gain_check_uses_median_runs_and_reports_the_error():
     check = compare.gain_check(bases, zbs)
     # measured makespans of the bases: 0.150, 0.225, 0.165 -> median 0.165.
     assert check.measured["base"] == pytest.approx(0.165)
+    # per-round savings 0.020, 0.095, 0.035 -> median 0.035
     assert check.measured_saving == pytest.approx(0.035)
     assert check.error("measured") == pytest.approx(0.75)
+
+
+def test_gain_check_pairs_the_rounds():
+    """Savings are per-round differences: a slow spell is compared within its round."""
+    truth = pl.Costs(F=0.010, I=0.010, W=0.010, unit="s")
+    bases = [_fake_run("1f1b", truth, 0.0, j) for j in (0.0, 0.0, 1.0)]   # 0.150 0.150 0.300
+    zbs = [_fake_run("zb-h1", truth, 0.0, j) for j in (0.0, 1.0, 1.0)]    # 0.130 0.260 0.260
+    check = compare.gain_check(bases, zbs)
+    # Per round: 0.020, -0.110, 0.040 -> 0.020; the difference of the medians would be -0.110.
+    assert check.measured_saving == pytest.approx(0.020)
+    assert check.measured == pytest.approx({"base": 0.150, "new": 0.260})
+    # Unequal numbers of runs cannot be paired: the medians' difference.
+    check = compare.gain_check(bases, zbs[:2])
+    assert check.measured_saving == pytest.approx(0.150 - 0.195)
 
 
 def test_fit_costs_refuses_runs_of_different_splits():
