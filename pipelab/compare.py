@@ -268,6 +268,13 @@ class GainCheck:
         return abs(got - self.predicted_saving) / abs(self.predicted_saving) \
             if self.predicted_saving else math.inf
 
+    def share(self, which: str) -> float:
+        """The saving as a share of the base step: predicted, replayed or measured. A machine
+        that stretches every action alike (other work on the cores) leaves it unchanged."""
+        step = {"predicted": self.predicted, "replayed": self.replayed,
+                "measured": self.measured}[which]["base"]
+        return self.savings[which] / step
+
     def table(self, base: str = "base", new: str = "new") -> str:
         rows = [("simulated (fitted costs)", self.predicted, "predicted"),
                 ("replayed", self.replayed, "replayed"), ("measured", self.measured, "measured")]

@@ -175,6 +175,8 @@ def test_gain_check_pairs_the_rounds():
     # Per round: 0.020, -0.110, 0.040 -> 0.020; the difference of the medians would be -0.110.
     assert check.measured_saving == pytest.approx(0.020)
     assert check.measured == pytest.approx({"base": 0.150, "new": 0.260})
+    assert check.share("measured") == pytest.approx(0.020 / 0.150)
+    assert check.share("predicted") == pytest.approx(0.020 / 0.150)
     # Unequal numbers of runs cannot be paired: the medians' difference.
     check = compare.gain_check(bases, zbs[:2])
     assert check.measured_saving == pytest.approx(0.150 - 0.195)
