@@ -231,7 +231,7 @@ def fit_costs(*runs) -> Costs:
         raise ValueError(f"runs split the model differently (stages {sorted(stages)})")
     events = [e for r in runs for e in r.timeline.events]
     merged = Timeline(events, runs[0].schedule.ranks, source="measured", time_unit="s")
-    comm = sorted(r.comm_latency for r in runs)[len(runs) // 2]
+    comm = _median(r.comm_latency for r in runs)
     return Costs.fit(merged, stages.pop(), comm=comm)
 
 
@@ -296,21 +296,35 @@ def _median(values) -> float:
 
 def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
     """Compare live runs of the same model (e.g. 1F1B and ZB-H1): the saving the simulator
-    predicts from costs fitted on all of them (`fit_costs`) against the replayed and measured
-    savings. Each argument is a RunResult or a list of them, one per round (as
-    `live_compare(...).runs[name]` gives them); with equal lists the live savings are the
-    median of the per-round differences."""
+    predicts from the runs' own measured costs against the replayed and measured savings.
+
+    Each argument is a RunResult or a list of them, one per round (as
+    `live_compare(...).runs[name]` gives them). With equal lists, round k's prediction uses
+    costs fitted on round k's two runs (`fit_costs`), and every saving is the median of the
+    per-round differences: a slow spell of the machine stretches both runs of a round and the
+    costs fitted on them alike. `costs` (default: fitted on all the runs) is the table shown,
+    and the one used when the lists cannot be paired."""
     base_runs = list(base_run) if isinstance(base_run, (list, tuple)) else [base_run]
     new_runs = list(new_run) if isinstance(new_run, (list, tuple)) else [new_run]
+    paired = len(base_runs) == len(new_runs)
     costs = costs or fit_costs(*base_runs, *new_runs)
-    predicted = {"base": simulate(base_runs[0].schedule, costs).makespan,
-                 "new": simulate(new_runs[0].schedule, costs).makespan}
+    base_sched, new_sched = base_runs[0].schedule, new_runs[0].schedule
+
+    def predict(table: Costs) -> tuple[float, float]:
+        return simulate(base_sched, table).makespan, simulate(new_sched, table).makespan
+
+    if paired:
+        rounds = [predict(fit_costs(b, n)) for b, n in zip(base_runs, new_runs)]
+        predicted = {"base": _median(b for b, _ in rounds), "new": _median(n for _, n in rounds)}
+        savings = {"predicted": _median(b - n for b, n in rounds)}
+    else:
+        b, n = predict(costs)
+        predicted, savings = {"base": b, "new": n}, {"predicted": b - n}
     views = {"replayed": lambda r: r.replay.makespan, "measured": lambda r: r.timeline.makespan}
     live = {key: {"base": _median(view(r) for r in base_runs),
                   "new": _median(view(r) for r in new_runs)} for key, view in views.items()}
-    savings = {"predicted": predicted["base"] - predicted["new"]}
     for key, view in views.items():
-        if len(base_runs) == len(new_runs):
+        if paired:
             savings[key] = _median(view(b) - view(n) for b, n in zip(base_runs, new_runs))
         else:
             savings[key] = live[key]["base"] - live[key]["new"]
