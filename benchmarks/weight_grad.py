@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 import pipelab as pl
+from pipelab.runtime.heap import keep_freed_memory
 from pipelab.runtime.meter import ActivationMeter
 from pipelab.weight_grad import Linear, WeightGradStore
 
@@ -103,18 +104,6 @@ def _minor_faults() -> int:
     return resource.getrusage(getattr(resource, "RUSAGE_THREAD", resource.RUSAGE_SELF)).ru_minflt
 
 
-def keep_freed_memory() -> None:
-    """Tell glibc to keep freed memory for reuse (no trimming, no mmap for big blocks), as a
-    caching allocator would: then holding x and dy from I to W costs no fresh pages."""
-    import ctypes
-    libc = ctypes.CDLL("libc.so.6")
-    M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD = -1, -2, -3
-    for option, value in ((M_TRIM_THRESHOLD, 1 << 30), (M_TOP_PAD, 1 << 28),
-                          (M_MMAP_THRESHOLD, 1 << 30)):
-        if libc.mallopt(option, value) != 1:
-            raise OSError(f"mallopt({option}, {value}) failed")
-
-
 def measure(cfg, stages: int, rows: int, repeats: int, warmup: int = 3) -> list[dict]:
     bounds = pl.partition(cfg, stages).bounds
     gen = torch.Generator().manual_seed(0)
@@ -176,7 +165,7 @@ def main() -> None:
                         help="rerun with glibc keeping freed memory (no page-fault cost)")
     args = parser.parse_args()
     if args.keep_heap:
-        keep_freed_memory()
+        keep_freed_memory()       # what the pipeline workers do (pipelab/runtime/heap.py)
     torch.set_num_threads(1)                    # as a pipeline worker runs
     cfg = pl.ModelConfig(n_layers=args.n_layers, d_model=args.d_model, n_heads=args.heads,
                          seq_len=args.seq_len)

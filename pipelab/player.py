@@ -270,19 +270,27 @@ def _draw_frame(box, t: float) -> None:
         ax = box.gantt_axes[i]
         lit = {e for e in running.values() if e is not None}
         box.highlighted[i] = lit
+        for event, label in ax.pipelab_labels.items():
+            label.set_color("white" if event in lit else "#444444")
         for event, bar in ax.pipelab_bars.items():
             on_path = getattr(bar, "pipelab_path", False)
             colour = box.colours[i][event]
+            overlays = getattr(bar, "pipelab_overlays", ())    # a compound step's other parts
             if event in lit:
                 bar.set_facecolor(colour)
                 bar.set_edgecolor(plots.PATH_COLOUR if on_path else "black")
                 bar.set_linewidth(2.5)
+                for overlay in overlays:
+                    overlay.set_facecolor(overlay.pipelab_colour)
             else:
                 # Dimmed towards white, still opaque: over the phase shading, a transparent
                 # box would turn muddy. Done boxes stay stronger than those still to come.
-                bar.set_facecolor(_towards_white(colour, 0.45 if event.end <= now else 0.72))
+                fade = 0.45 if event.end <= now else 0.72
+                bar.set_facecolor(_towards_white(colour, fade))
                 bar.set_edgecolor(plots.PATH_COLOUR if on_path else "white")
                 bar.set_linewidth(2.0 if on_path else 0.5)
+                for overlay in overlays:
+                    overlay.set_facecolor(_towards_white(overlay.pipelab_colour, fade))
         if box.messages:
             for m in messages_in_flight(tl, local):
                 arrow = FancyArrowPatch(((m.producer.end - tl.start) * scale, m.producer.rank),

@@ -49,7 +49,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     Where a rank holds several stages (chunks), chunk 1, 2... are hatched (and marked ' ''
     after the microbatch). `phases=True` shades each rank's warm-up / steady / cool-down;
     `critical_path=True` outlines the chain that sets the makespan and draws its messages.
-    The boxes are kept in `ax.pipelab_bars` (event -> patch) for the player.
+    The boxes and their labels are kept in `ax.pipelab_bars` / `ax.pipelab_labels`
+    (event -> artist) for the player.
     """
     from matplotlib.patches import Patch, Rectangle
     ax = _axes(ax, figsize=(10, 0.9 + 0.45 * timeline.ranks))
@@ -58,24 +59,38 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     span = (timeline.makespan or 1.0) * scale
     chunks = chunk_of(timeline)
     multi = max(chunks.values(), default=0) > 0
-    bars = {}
+    bars, labels = {}, {}
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
         chunk = chunks.get(e.action.stage, 0)
         hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] if multi else ""
-        patch = Rectangle((left, e.rank - 0.4), width, 0.8, facecolor=kind_colour(e.action.kind),
+        parts = e.action.parts
+        patch = Rectangle((left, e.rank - 0.4), width, 0.8, facecolor=kind_colour(parts[0].kind),
                           edgecolor="white", linewidth=0.5, hatch=hatch or None,
                           hatchcolor="white", zorder=2)
         patch.pipelab_path = False
+        # A compound step (an overlapped pair) is one box split into its parts' colours; the
+        # parts after the first are overlays the player dims along with the box.
+        patch.pipelab_overlays = []
+        for k, part in enumerate(parts[1:], start=1):
+            share = width / len(parts)
+            overlay = Rectangle((left + k * share, e.rank - 0.4), share, 0.8,
+                                facecolor=kind_colour(part.kind), edgecolor="white",
+                                linewidth=0.5, zorder=2.5)
+            overlay.pipelab_colour = overlay.get_facecolor()
+            ax.add_patch(overlay)
+            patch.pipelab_overlays.append(overlay)
         ax.add_patch(patch)
         bars[e] = patch
         if width > span / 60 and timeline.ranks <= 16:
-            ax.text(left + width / 2, e.rank, f"{e.action.microbatch}{chr(39) * chunk}",
-                    ha="center", va="center", fontsize=7, color="white", zorder=4,
-                    fontweight="bold" if multi else "normal")
-    ax.pipelab_bars = bars
+            text = "/".join(f"{part.microbatch}{chr(39) * chunks.get(part.stage, 0)}"
+                            for part in parts if part.microbatch >= 0) or str(e.action)
+            labels[e] = ax.text(left + width / 2, e.rank, text,
+                                ha="center", va="center", fontsize=7, color="white", zorder=4,
+                                fontweight="bold" if multi else "normal")
+    ax.pipelab_bars, ax.pipelab_labels = bars, labels
     handles = [Patch(color=kind_colour(k), label=k)
-               for k in sorted({e.action.kind for e in timeline.events},
+               for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
                                key=lambda k: ("FBIW".find(k) % 10, k))]
     if multi:
         handles += [Patch(facecolor="#999999", edgecolor="white", hatchcolor="white",

@@ -195,8 +195,9 @@ class Timeline:
                 out[r] = []
                 continue
             begin, finish = mine[0].start - t0, max(e.end for e in mine) - t0
-            backs = [e.start - t0 for e in mine if e.action.kind in ("B", "I")]
-            fwd_ends = [e.end - t0 for e in mine if e.action.kind == "F"]
+            kinds = [{part.kind for part in e.action.parts} for e in mine]   # a pair has two
+            backs = [e.start - t0 for e, k in zip(mine, kinds) if k & {"B", "I"}]
+            fwd_ends = [e.end - t0 for e, k in zip(mine, kinds) if "F" in k]
             first_back = min(backs, default=finish)
             last_fwd = max(fwd_ends, default=begin)
             steady_end = max(first_back, min(last_fwd, finish))

@@ -55,6 +55,21 @@ def test_compound_waits_for_the_inputs_of_every_part():
     assert pair.start == grad.end and pair.duration == 3.0      # F + (I + W), one box
 
 
+def test_a_compound_is_drawn_as_one_box_in_its_parts_colours():
+    import matplotlib
+    matplotlib.use("Agg")
+    from pipelab.plots import kind_colour
+    from matplotlib.colors import to_rgba
+    tl = pl.simulate(one_f_one_b_with_pairs())
+    ax = tl.plot()
+    pair = next(e for e in tl.events if str(e.action) == "0F1+0B0")
+    bar = ax.pipelab_bars[pair]
+    (overlay,) = bar.pipelab_overlays
+    assert bar.get_facecolor() == to_rgba(kind_colour("F"))
+    assert overlay.get_facecolor() == to_rgba(kind_colour("B"))
+    assert ax.pipelab_labels[pair].get_text() == "1/0"
+
+
 # --- collectives -------------------------------------------------------------------------------
 
 def test_a_member_that_never_reaches_a_collective_is_named():
@@ -201,3 +216,13 @@ def test_the_share_of_activations_i_frees_is_measured_not_assumed(cluster):
     # The simulated view of the run uses it: rank 1's memory after its last I is not zero.
     rank1 = split.simulated.memory_curve(1)
     assert any(0 < level < 1 for _t, level in rank1)
+
+
+def test_each_transfer_has_the_shape_and_dtype_its_producer_declares(cluster):
+    sched = Schedule.from_text("0F0 0F1 0Lr0 0Lr1 0B0 0B1\n1F0 1Ls0 1F1 1Ls1 1B0 1B1").validate()
+    (plan0, plan1) = comm_plan(sched)
+    sent = [t for s in plan1 for t in s.send if t.producer.kind == "Ls"]
+    assert [(str(t.producer), str(t.consumer), t.what) for t in sent] == \
+        [("1Ls0", "0Lr0", "loss copy"), ("1Ls1", "0Lr1", "loss copy")]
+    res = cluster.run(sched, model=CFG)      # Lr raises in the worker on a wrong message
+    assert res.max_grad_error <= 1e-5

@@ -20,7 +20,9 @@ from ..model import ModelConfig, ToyGPT, loss_fn
 from ..schedules import comm_plan
 from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
+from ..weight_grad import WeightGradStore
 from .handlers import HANDLERS
+from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
@@ -69,22 +71,25 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
 
 
 def warm_up() -> None:
-    """A tiny forward and backward through every code path the handlers use, so the first real
-    action does not pay one-time costs (the first non-scalar backward of a process takes
-    ~0.3 s) and distort the first measured timeline."""
+    """Prepare this process for honest timings: keep freed memory (heap.py), and run a tiny
+    forward and backward through every code path the handlers use (full B, and I with its
+    weight GEMMs deferred to W), so the first real action does not pay one-time costs (the
+    first non-scalar backward of a process takes ~0.3 s) and distort the first timeline."""
+    keep_freed_memory()
     cfg = ModelConfig(n_layers=1, d_model=8, n_heads=1, seq_len=4)
     model = ToyGPT(cfg)
     idx = torch.zeros(1, 4, dtype=torch.long)
     meter = ActivationMeter(model.parameters())
+    store = WeightGradStore(meter)
     with meter.saving():
         hidden = model.layers[0](idx)
         inner = hidden.detach().requires_grad_()
         middle = model.layers[1](inner)
         loss = loss_fn(model.layers[2](middle.detach().requires_grad_()), idx)
     torch.autograd.backward(loss)
-    grad = torch.ones_like(middle)
-    torch.autograd.grad(middle, [inner], grad, retain_graph=True)
-    torch.autograd.backward(middle, grad, inputs=list(model.layers[1].parameters()))
+    with store.deferring(1, 0):
+        torch.autograd.backward(middle, torch.ones_like(middle))
+    store.flush(1, 0)
     torch.autograd.backward(hidden, torch.ones_like(hidden))
 
 
