@@ -1,12 +1,13 @@
 """A progress board in shared memory: where each rank is, so the parent can tell a hang.
 
-Each rank writes five numbers whenever it changes state (a few hundred nanoseconds, no locks,
+Each rank writes five numbers whenever it changes state (one ~0.2 µs write, no locks,
 no messages): training step, position in its action list, state, detail (which receive) and
 the time it entered the state. The parent reads the board to notice a rank that has stopped
 moving and to say exactly where it stopped.
 """
 from __future__ import annotations
 
+import struct
 import time
 from dataclasses import dataclass
 
@@ -14,6 +15,7 @@ SETUP, RECV, RUN, SENDS, SYNC, OPTIM, DONE = range(7)
 STATE_NAMES = ("setting up", "receiving", "running", "waiting for sends", "at the step barrier",
                "in the optimizer", "done")
 _FIELDS = 5
+_WRITE = struct.Struct(f"{_FIELDS}d").pack_into   # one call writes a rank's row
 
 
 @dataclass
@@ -37,10 +39,9 @@ class Board:
         return cls(ctx.RawArray("d", ranks * _FIELDS), ranks)
 
     def set(self, rank: int, step: int, position: int, state: int, detail: int = 0) -> None:
-        base = rank * _FIELDS
-        a = self.array
-        a[base + 4] = time.perf_counter()
-        a[base], a[base + 1], a[base + 2], a[base + 3] = step, position, state, detail
+        # One struct write into the shared buffer instead of five ctypes item assignments:
+        # called two or three times per action, it is part of every action's overhead.
+        _WRITE(self.array, rank * _FIELDS * 8, step, position, state, detail, time.perf_counter())
 
     def reset(self) -> None:
         now = time.perf_counter()

@@ -134,6 +134,34 @@ class LocalCluster:
             raise
         return assemble(spec, reports, wall_time=time.perf_counter() - began)
 
+    def call(self, target, *args, timeout: float | None = None, **kwargs) -> list:
+        """Run `target(*args, **kwargs)` on every worker; return the results in rank order.
+
+        target: 'package.module:function' or a function defined at the top level of an
+        importable module (not in a notebook cell or `__main__`: the workers could not import
+        it; that is refused here, before any worker moves). torch.distributed is initialised in
+        the call. An exception, a death or no answer within `timeout` stops every worker, as a
+        failed run does.
+        """
+        from .calls import call_all, pack_call, target_name
+        name = target_name(target)
+        data = pack_call(name, args, kwargs)
+        timeout = self.timeout if timeout is None else check_timeout(timeout)
+        self.start()
+        pool = self._pool
+
+        def check_deaths(grace: float) -> None:
+            deadline = time.perf_counter() + grace
+            while grace and pool.alive() and time.perf_counter() < deadline:
+                time.sleep(0.02)
+            pool.check_alive()
+
+        try:
+            return call_all(pool, name, data, timeout, check_deaths)
+        except BaseException:
+            self._discard()
+            raise
+
     def _collect(self, spec, timeout: float, progress: bool) -> list[dict]:
         pool = self._pool
         pool.board.reset()

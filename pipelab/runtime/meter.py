@@ -5,90 +5,102 @@ each storage once (q, k and v are views of one qkv output), skip the parameters'
 (weights are not activations), and subtract when autograd lets go of the saved tensor, which
 happens as the backward that needs it runs. This reproduces the textbook curves (GPipe holds m
 microbatches of activations, 1F1B at most p − rank).
+
+The hook runs for every saved tensor (about 60 per stage and microbatch of the toy model), so
+it is the runtime's largest per-action cost on small microbatches and is written for speed:
+a parameter is recognised by its data address before any storage object is made (a saved
+weight or its transpose starts where the parameter starts); a saved activation is kept as a
+detached alias (holding the tensor itself would make a reference cycle output -> grad_fn ->
+saved -> output that leaks when no backward ever runs), watched by a weak reference whose
+callback releases its bytes, so there is no Python object of our own and no `__del__` per
+tensor; counts and sizes are plain ints in dicts; unpacking is the identity.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Iterable
 
 import torch
 
 
-class _Saved:
-    """What autograd stores instead of the tensor; its death releases the bytes."""
-    __slots__ = ("tensor", "meter", "key")
-
-    def __init__(self, meter: "ActivationMeter", tensor: torch.Tensor, key: int, nbytes: int):
-        self.tensor, self.meter, self.key = tensor, meter, key
-        meter._acquire(key, nbytes)
-
-    def __del__(self) -> None:
-        self.meter._release(self.key)
+def _identity(tensor):
+    return tensor
 
 
 class ActivationMeter:
     """Use `with meter.saving():` around a forward; read `live` (bytes now) and `peak`."""
 
     def __init__(self, parameters: Iterable[torch.Tensor] = ()):
+        parameters = list(parameters)
         self._exclude = {p.untyped_storage().data_ptr() for p in parameters}
-        self._refs: dict[int, list[int]] = {}        # storage address -> [saved count, bytes]
+        self._exclude_data = {p.data_ptr() for p in parameters} | self._exclude
+        self._count: dict[int, int] = {}     # storage address -> saved tensors using it
+        self._bytes: dict[int, int] = {}     # storage address -> its size
+        # id(watcher) -> (watcher, storage address). Keyed by id: a weak reference hashes as its
+        # tensor does, and Tensor.__hash__ is a Python function (a call per save and release).
+        self._watchers: dict[int, tuple[weakref.ref, int]] = {}
+        self._on_free = self._release        # one bound method shared by every watcher
         self.live = 0
         self.peak = 0
         self.sending = 0             # bytes of posted sends not yet known to be delivered
         self.sending_peak = 0
 
-    def _acquire(self, key: int, nbytes: int) -> None:
-        entry = self._refs.get(key)
-        if entry is None:
-            self._refs[key] = [1, nbytes]
-            self.live += nbytes
-            self.peak = max(self.peak, self.live)
-        else:
-            entry[0] += 1
-
-    def _release(self, key: int) -> None:
-        entry = self._refs[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            del self._refs[key]
-            self.live -= entry[1]
-
-    def _key(self, tensor: torch.Tensor) -> tuple[int, int] | None:
-        """(storage address, bytes) of an activation; None for a parameter or an empty one."""
+    def _acquire(self, tensor: torch.Tensor) -> int | None:
+        """Count one more holder of `tensor`'s storage; its address, or None when it is not an
+        activation (a parameter, a view inside one, an empty storage)."""
+        if tensor.data_ptr() in self._exclude_data:
+            return None                      # a parameter, or a view of one at its start
         storage = tensor.untyped_storage()
         key = storage.data_ptr()
-        if key in self._exclude or storage.nbytes() == 0:
-            return None
-        return key, storage.nbytes()
+        count = self._count.get(key)
+        if count is None:
+            if key in self._exclude:
+                return None                  # a view elsewhere inside a parameter
+            nbytes = storage.nbytes()
+            if not nbytes:
+                return None
+            self._count[key] = 1
+            self._bytes[key] = nbytes
+            self.live = live = self.live + nbytes
+            if live > self.peak:
+                self.peak = live
+        else:
+            self._count[key] = count + 1
+        return key
+
+    def _pack(self, tensor: torch.Tensor):
+        key = self._acquire(tensor)
+        if key is None:
+            return tensor
+        packed = tensor.detach()
+        watcher = weakref.ref(packed, self._on_free)
+        self._watchers[id(watcher)] = (watcher, key)
+        return packed
+
+    def _release(self, ref: weakref.ref) -> None:
+        self._let_go(self._watchers.pop(id(ref))[1])
+
+    def _let_go(self, key: int) -> None:
+        count = self._count[key] - 1
+        if count:
+            self._count[key] = count
+        else:
+            del self._count[key]
+            self.live -= self._bytes.pop(key)
 
     def hold(self, tensor: torch.Tensor) -> None:
         """Count `tensor` as live until `drop(tensor)`: for activations kept outside autograd,
         such as the inputs and output gradients the weight-gradient store keeps from I to W.
         A storage already counted (saved by autograd too) is not counted twice."""
-        key = self._key(tensor)
-        if key is not None:
-            self._acquire(*key)
+        self._acquire(tensor)
 
     def drop(self, tensor: torch.Tensor) -> None:
         """Undo one `hold(tensor)`; the bytes go when nothing else holds the storage."""
-        key = self._key(tensor)
-        if key is not None:
-            self._release(key[0])
-
-    def _pack(self, tensor: torch.Tensor):
-        key = self._key(tensor)
-        if key is None:
-            return tensor
-        # Keep a detached alias: holding the tensor itself would make a reference cycle
-        # (output -> grad_fn -> saved -> output) that leaks when no backward ever runs.
-        return _Saved(self, tensor.detach(), *key)
-
-    @staticmethod
-    def _unpack(packed):
-        return packed.tensor if isinstance(packed, _Saved) else packed
-
-    def saving(self):
-        """Context manager: tensors saved for backward inside it are counted."""
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, self._unpack)
+        if tensor.data_ptr() in self._exclude_data:
+            return
+        key = tensor.untyped_storage().data_ptr()
+        if key in self._count:
+            self._let_go(key)
 
     def hold_send(self, nbytes: int) -> None:
         """A send buffer, alive until its send is waited on (counted apart from activations)."""
@@ -97,6 +109,10 @@ class ActivationMeter:
 
     def sends_done(self) -> None:
         self.sending = 0
+
+    def saving(self):
+        """Context manager: tensors saved for backward inside it are counted."""
+        return torch.autograd.graph.saved_tensors_hooks(self._pack, _identity)
 
     def reset_peak(self) -> None:
         self.peak = self.live

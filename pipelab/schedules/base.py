@@ -59,14 +59,16 @@ class Schedule:
 
     # --- dependencies (read from the kind specs: kinds.py, graph.py) ---------------------------
     def reindex(self) -> None:
-        """Recompute which action produces each output (e.g. the input gradient of a stage comes
-        from its B, or from its I when the backward is split)."""
-        from .kinds import KIND_SPECS
-        output_of = {k: spec.output for k, spec in KIND_SPECS.items() if spec.output}
+        """Recompute which action produces each output where it is not the usual one (the input
+        gradient of a stage comes from its B, or from its I when the backward is split)."""
+        from .kinds import DEFAULT_PRODUCER, KIND_SPECS
+        # Only producers other than the default are indexed: a 1F1B schedule needs no entry.
+        output_of = {k: spec.output for k, spec in KIND_SPECS.items()
+                     if spec.output and DEFAULT_PRODUCER.get(spec.output) != k}
         index = {}
         for acts in self.actions:
             for item in acts:
-                for a in item.parts:
+                for a in ((item,) if type(item) is Action else item):
                     out = output_of.get(a[1])
                     if out is not None:
                         index[(out, a[0], a[2])] = a

@@ -21,8 +21,9 @@ from .kinds import KIND_SPECS, Input
 
 _new = tuple.__new__
 
-#: One entry of an execution order: (ranks that run it, the step, the actions it waits for).
-OrderEntry = tuple[tuple[int, ...], object, list[Action]]
+#: One entry of an execution order: (ranks that run it, the step, its input edges from other
+#: steps — each an `Input`, whose [1] is the producing action).
+OrderEntry = tuple[tuple[int, ...], object, list[Input]]
 
 
 def inputs_of(schedule, action: Action) -> list[Input]:
@@ -67,15 +68,7 @@ def execution_order(schedule) -> list[OrderEntry]:
     from .validate import ScheduleError
     s = schedule
     s.reindex()
-    specs = KIND_SPECS
-
-    def deps_of(item) -> list[Action]:
-        if type(item) is Action:
-            inputs = specs[item[1]].inputs(s, item)
-        else:
-            inputs = [edge for part in item for edge in specs[part[1]].inputs(s, part)
-                      if edge[1] not in item]
-        return [edge[1] for edge in inputs]
+    inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}
 
     position = [0] * s.ranks
     done: set = set()
@@ -91,11 +84,17 @@ def execution_order(schedule) -> list[OrderEntry]:
         i, n = position[rank], len(acts)
         while i < n:
             item = acts[i]
-            deps = parked.pop(rank, None) or deps_of(item)
+            deps = parked.pop(rank, None)
+            if deps is None:
+                if type(item) is Action:     # the common case, kept free of function calls
+                    deps = inputs_fn[item[1]](s, item)
+                else:
+                    deps = [edge for part in item for edge in inputs_fn[part[1]](s, part)
+                            if edge[1] not in item]
             missing = None
-            for d in deps:
-                if d not in done:
-                    missing = d
+            for edge in deps:
+                if edge[1] not in done:
+                    missing = edge[1]
                     break
             if missing is not None:
                 waiting[missing].append(rank)
@@ -110,11 +109,17 @@ def execution_order(schedule) -> list[OrderEntry]:
             else:
                 ranks = (rank,)
             order.append((ranks, item, deps))
-            for part in ((item,) if type(item) is Action else item):
-                done.add(part)
-                woken = waiting.pop(part, None)
+            if type(item) is Action:
+                done.add(item)
+                woken = waiting.pop(item, None)
                 if woken:
                     ready.extend(woken)
+            else:
+                for part in item:
+                    done.add(part)
+                    woken = waiting.pop(part, None)
+                    if woken:
+                        ready.extend(woken)
             if len(ranks) > 1:               # a collective moves every member on
                 for other in ranks:
                     if other != rank:
@@ -142,15 +147,15 @@ def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
         if len(ranks) == 1:
             rank = ranks[0]
             start = free[rank]
-            for dep in deps:
-                finished, ran_on = end[dep]
+            for edge in deps:
+                finished, ran_on = end[edge[1]]
                 arrival = finished + (comm if rank not in ran_on else 0.0)
                 if arrival > start:
                     start = arrival
         else:
             start = max(free[r] for r in ranks)
-            for dep in deps:
-                finished, ran_on = end[dep]
+            for edge in deps:
+                finished, ran_on = end[edge[1]]
                 crosses = any(r not in ran_on for r in ranks)
                 start = max(start, finished + (comm if crosses else 0.0))
         finish = start + duration(item)

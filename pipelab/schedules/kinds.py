@@ -72,15 +72,26 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
 
 # --- the four kinds every pipeline uses ---------------------------------------------------------
 # (Edges are built with tuple.__new__: schedules hold 10^5 actions, and the named tuples'
-# constructor would double the time of a validation.)
+# constructor would double the time of a validation. The schedule's index holds only the
+# producers that are not the usual ones, DEFAULT_PRODUCER below: an I instead of a B.)
 _new = tuple.__new__
+
+
+def _index(schedule) -> dict:
+    """The schedule's index of unusual producers (built on first use, e.g. in a worker)."""
+    index = schedule._index
+    if index is None:
+        schedule.reindex()
+        index = schedule._index
+    return index
 
 
 def _forward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
     if stage == 0:
         return []        # the first stage reads the microbatch's tokens
-    return [_new(Input, ("x", schedule.producer_of(ACTIVATION, stage - 1, mb), True))]
+    found = _index(schedule).get((ACTIVATION, stage - 1, mb))
+    return [_new(Input, ("x", found or _new(Action, (stage - 1, "F", mb)), True))]
 
 
 def _backward_inputs(schedule, a: Action) -> list[Input]:
@@ -88,7 +99,8 @@ def _backward_inputs(schedule, a: Action) -> list[Input]:
     own = _new(Input, ("saved", _new(Action, (stage, "F", mb)), False))
     if stage == len(schedule.placement) - 1:
         return [own]     # the last stage starts from the loss
-    return [own, _new(Input, ("grad", schedule.producer_of(INPUT_GRADIENT, stage + 1, mb), True))]
+    found = _index(schedule).get((INPUT_GRADIENT, stage + 1, mb))
+    return [own, _new(Input, ("grad", found or _new(Action, (stage + 1, "B", mb)), True))]
 
 
 def _weight_inputs(schedule, a: Action) -> list[Input]:

@@ -59,14 +59,21 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
     seen: dict[Action, tuple[int, int]] = {}
     collective_seen: dict[Action, dict[int, int]] = defaultdict(dict)
     specs = KIND_SPECS
+    m = s.microbatches
     for rank, acts in enumerate(s.actions):
         own = set(s.stages_of(rank))
         for index, item in enumerate(acts):
-            for a in item.parts:
+            if type(item) is Action:         # the common case first, kept tight
+                spec = specs.get(item[1])
+                if spec is not None and spec.members is None and item[0] in own \
+                        and 0 <= item[2] < m and item not in seen:
+                    seen[item] = (rank, index)
+                    continue
+            for a in ((item,) if type(item) is Action else item):
                 spec = specs.get(a[1])
                 if spec is not None and spec.members is None and a.stage in own \
-                        and 0 <= a.microbatch < s.microbatches and a not in seen:
-                    seen[a] = (rank, index)      # the common case: nothing to explain
+                        and 0 <= a.microbatch < m and a not in seen:
+                    seen[a] = (rank, index)      # nothing to explain
                     continue
                 here = [(rank, index)]
                 if spec is None:
@@ -118,7 +125,11 @@ def _check_complete(s) -> None:
     kinds: dict[tuple[int, int], str] = defaultdict(str)
     for acts in s.actions:
         for item in acts:
-            for stage, kind, m in item.parts:
+            if type(item) is Action:
+                if item[1] in _TRAINING:
+                    kinds[(item[0], item[2])] += item[1]
+                continue
+            for stage, kind, m in item:
                 if kind in _TRAINING:
                     kinds[(stage, m)] += kind
     for stage in range(s.stages):

@@ -1,0 +1,270 @@
+"""pipelab's runtime side by side with torch.distributed.pipelining, on the same stages.
+
+    python benchmarks/vs_torch.py [--steps 12] [--warmup 3] [--microbatches 8] [--ranks 2]
+                                  [--sizes compute,overhead] [--no-tables] [--profile]
+
+For every schedule name in `pl.SCHEDULES` that has a torch peer (gpipe ↔ ScheduleGPipe, 1f1b ↔
+Schedule1F1B, interleaved-1f1b ↔ ScheduleInterleaved1F1B, looped-bfs ↔ ScheduleLoopedBFS,
+zb-v ↔ ScheduleZBVZeroBubble, zb-h1/zb-h2 ↔ ScheduleInterleavedZeroBubble where the stage
+placement matches), both runtimes run the same model split the same way (each stage is
+`pl.build_layers(cfg, start, stop)`, the same partition, batch and microbatches), alternately,
+in the *same* worker processes: ours through `cluster.run`, torch's through
+`cluster.call("pipelab.bench.torch_side:run_step", job)`. Ours runs with all its measuring on
+(per-action clocks, activation meter, progress board).
+
+Printed per schedule and size: each side's loss and max relative gradient error against the
+unsplit `pl.ToyGPT(cfg)` on the same batch; each side's step time, the median over `--steps`
+steps after `--warmup`, a step being defined identically on both sides: from the end of a
+barrier to the last rank finishing the forward and backward of every microbatch (no optimizer);
+and the ratio ours/torch; and the thread CPU time of the busiest rank over the same span
+(ours measured by `pipelab.bench.ours_side`, the same executor with the same measuring), which a
+loaded machine does not distort the way it distorts wall-clock time. Then the two schedule
+tables side by side (torch's private `pipeline_order`, read without processes).
+
+`--profile` adds where each side's CPU goes per action (thread CPU time, which a loaded machine
+does not distort the way it distorts wall-clock time): total per action from unprofiled steps,
+ours with and without the activation meter, and a thread-time cProfile folded into categories.
+
+Wall-clock figures are only meaningful on a quiet machine: the load average is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import inspect
+import os
+import statistics
+import sys
+
+import pipelab as pl
+from pipelab.bench.torch_side import TORCH_PEERS, make_job, torch_table
+from pipelab.runtime.result import reference_check
+
+SIZES = {
+    # name: (ModelConfig kwargs, rows per microbatch)
+    "compute": (dict(n_layers=4, d_model=256, n_heads=4, seq_len=32), 8),
+    "overhead": (dict(n_layers=4, d_model=64, n_heads=4, seq_len=16), 2),
+}
+TORCH_STEP = "pipelab.bench.torch_side:run_step"
+OURS_STEP = "pipelab.bench.ours_side:run_step"
+
+
+def our_schedule(name: str, ranks: int, microbatches: int, chunks: int) -> pl.Schedule:
+    accepted = inspect.signature(pl.SCHEDULES[name]).parameters
+    options = {"chunks": chunks} if "chunks" in accepted else {}
+    return pl.schedule(name, ranks=ranks, microbatches=microbatches, **options)
+
+
+def placement_style(sched: pl.Schedule) -> str | None:
+    """torch's name for our placement ('loop' or 'v'), None when torch has no such placement."""
+    if sched.placement == pl.loop_placement(sched.ranks, sched.chunks):
+        return "loop"
+    if sched.chunks == 2 and sched.placement == pl.v_placement(sched.ranks):
+        return "v"
+    return None
+
+
+def pairs(ranks: int, microbatches: int, chunks: int) -> list[tuple[str, pl.Schedule, str, str]]:
+    """(name, our schedule, torch class, placement style) for every comparable schedule."""
+    out = []
+    for name, (torch_class, style) in TORCH_PEERS.items():
+        if name not in pl.SCHEDULES:
+            print(f"note: {name} ({torch_class}) skipped: pipelab has no '{name}' schedule yet")
+            continue
+        try:
+            sched = our_schedule(name, ranks, microbatches, chunks)
+        except (ValueError, pl.ScheduleError) as err:
+            print(f"note: {name} skipped: {err}")
+            continue
+        ours_style = placement_style(sched)
+        if ours_style != style:
+            print(f"note: {name} skipped: its placement {sched.placement} is not torch's "
+                  f"{style} placement for {torch_class}")
+            continue
+        out.append((name, sched, torch_class, style))
+    return out
+
+
+def compare(cluster, name, sched, torch_class, style, cfg, batch, steps, warmup) -> dict:
+    bounds = pl.partition(cfg, sched.stages).bounds
+    job = make_job(torch_class, ranks=sched.ranks, microbatches=sched.microbatches, cfg=cfg,
+                   bounds=bounds, batch_size=batch, chunks=sched.chunks, style=style)
+    # First step of each: checked against the unsplit model on the same batch.
+    first = cluster.run(sched, model=cfg, partition=bounds, batch_size=batch, progress=False)
+    theirs = cluster.call(TORCH_STEP, {**job, "grads": True})
+    grads = {k: g for rep in theirs for k, g in (rep["grads"] or {}).items()}
+    ref_loss, torch_err, _ = reference_check(first.spec, grads)
+    torch_losses = [x for rep in theirs for x in rep["losses"]]
+    spec = dataclasses.replace(first.spec, check=False)
+    ours_ms, torch_ms = [], []
+    ours_cpu, torch_cpu = [], []                 # per step: thread CPU seconds of each rank
+    for k in range(warmup + steps):              # alternate: all see the same background load
+        res = cluster.run(sched, model=cfg, partition=bounds, batch_size=batch, check=False,
+                          progress=False)
+        reps = cluster.call(TORCH_STEP, job)
+        mine = cluster.call(OURS_STEP, spec)     # the same executor, CPU time recorded
+        if k >= warmup:
+            # Timeline times count from the earliest rank's start of step (just after the
+            # barrier), so the latest end is the step time.
+            ours_ms.append(max(e.end for e in res.timeline.events) * 1e3)
+            torch_ms.append((max(r["end"] for r in reps) - min(r["begin"] for r in reps)) * 1e3)
+            ours_cpu.append([r["cpu"] for r in mine])
+            torch_cpu.append([r["cpu"] for r in reps])
+    return {"name": name, "torch": torch_class, "sched": sched, "job": job,
+            "loss": first.loss, "torch_loss": sum(torch_losses) / len(torch_losses),
+            "ref_loss": ref_loss, "err": first.max_grad_error, "torch_err": torch_err,
+            "ours_ms": statistics.median(ours_ms), "torch_ms": statistics.median(torch_ms),
+            "ours_cpu": _busiest(ours_cpu), "torch_cpu": _busiest(torch_cpu),
+            "spread": (_iqr(ours_ms), _iqr(torch_ms))}
+
+
+def _busiest(per_step: list[list[float]]) -> float:
+    """Milliseconds of CPU of the busiest rank (median over steps, rank by rank)."""
+    return max(statistics.median(step[r] for step in per_step)
+               for r in range(len(per_step[0]))) * 1e3
+
+
+def _iqr(xs: list[float]) -> float:
+    q = statistics.quantiles(xs, n=4)
+    return q[2] - q[0]
+
+
+def print_rows(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
+    print(f"\n{size}-bound: d_model {cfg.d_model}, {cfg.n_layers} blocks, microbatches of "
+          f"{rows_per_mb} x {cfg.seq_len} tokens")
+    print("wall: step time, median; CPU: thread CPU of the busiest rank in the same span, "
+          "median (stable under load); ratios ours/torch")
+    head = (f"{'schedule':<18}{'torch class':<31}{'loss ours':>10}{'torch':>9}{'ref':>9}"
+            f"{'grad err':>9}{'torch':>8}{'wall ms':>9}{'torch':>8}{'ratio':>7}"
+            f"{'CPU ms':>8}{'torch':>7}{'ratio':>7}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['name']:<18}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>9.5f}"
+              f"{r['ref_loss']:>9.5f}{r['err']:>9.1e}{r['torch_err']:>8.1e}"
+              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
+              f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}")
+
+
+def print_tables(sched: pl.Schedule, torch_class: str) -> None:
+    """Our schedule and torch's private table, rank by rank, with what differs."""
+    try:
+        theirs = torch_table(torch_class, sched.ranks, sched.microbatches, sched.chunks)
+    except Exception as err:                      # a private torch API: never fail the run on it
+        print(f"\nnote: torch's table for {torch_class} could not be read: {err}")
+        return
+    print(f"\n{sched.name} (pipelab) vs {torch_class} (torch's pipeline_order), "
+          f"{sched.ranks} ranks, {sched.microbatches} microbatches:")
+    for rank in range(sched.ranks):
+        ours = [str(a) for a in sched.actions[rank]]
+        print(f"  rank {rank} ours : {' '.join(ours)}")
+        print(f"  rank {rank} torch: {' '.join(theirs[rank])}")
+        if ours == theirs[rank]:
+            print("           same actions, same order")
+            continue
+        forwards = sorted({int(a.split("F")[1]) for a in theirs[rank] if "F" in a})
+        if forwards and forwards != list(range(sched.microbatches)):
+            print(f"           torch's table numbers this rank's forwards {forwards[0]}..{forwards[-1]}"
+                  f", not 0..{sched.microbatches - 1}: a wart of torch 2.13's "
+                  f"{torch_class}._get_pipeline_order (its runtime runs microbatches "
+                  f"0..{sched.microbatches - 1}, as the matching losses above show)")
+            continue
+        if sorted(ours) == sorted(theirs[rank]):
+            at = next(i for i, (a, b) in enumerate(zip(ours, theirs[rank])) if a != b)
+            print(f"           same actions, different order from position {at} "
+                  f"({ours[at]} vs {theirs[rank][at]})")
+        else:
+            print(f"           different actions: only ours {sorted(set(ours) - set(theirs[rank]))}, "
+                  f"only torch {sorted(set(theirs[rank]) - set(ours))}")
+
+
+def cpu_profile(cluster, row: dict, cfg, batch: int, steps: int, warmup: int) -> None:
+    """Thread CPU per action, ours (with and without the meter) and torch's, alternated."""
+    sched, job = row["sched"], row["job"]
+    spec = pl.runtime.prepare_run(sched, ranks=sched.ranks, model=cfg,
+                                  partition=[tuple(b) for b in job["bounds"]],
+                                  batch_size=batch, check=False)
+    runs: dict[str, list] = {"ours": [], "ours, no meter": [], "torch": []}
+    for k in range(warmup + steps):
+        for label, call in (("ours", lambda: cluster.call(OURS_STEP, spec)),
+                            ("ours, no meter", lambda: cluster.call(OURS_STEP, spec,
+                                                                    without=("meter",))),
+                            ("torch", lambda: cluster.call(TORCH_STEP, job))):
+            reps = call()
+            if k >= warmup:
+                runs[label].append(reps)
+    print(f"\nCPU per action, {row['name']} at d_model {cfg.d_model} (thread time from the "
+          f"barrier to the end of the step, median of {steps}; per rank):")
+    for label, reps in runs.items():
+        per = [statistics.median(r[rank]["cpu"] for r in reps) / reps[0][rank]["actions"] * 1e6
+               for rank in range(sched.ranks)]
+        print(f"  {label:<16}" + "".join(f"{x:9.0f} us" for x in per))
+    prof = {"ours": cluster.call(OURS_STEP, spec, profile=True),
+            "torch": cluster.call(TORCH_STEP, {**job, "profile": True})}
+    print("  where it goes (thread-time cProfile of one step, own time per action, us; the "
+          "profiler inflates Python-heavy rows):")
+    cats = sorted({c for reps in prof.values() for rep in reps for c in rep["profile"]["categories"]})
+    print(f"  {'':<30}" + "".join(f"{side + ' r' + str(r):>11}" for side in prof
+                                  for r in range(sched.ranks)))
+    for c in cats:
+        cells = [rep["profile"]["categories"].get(c, 0.0) / rep["actions"] * 1e6
+                 for side in prof for rep in prof[side]]
+        print(f"  {c:<30}" + "".join(f"{x:11.1f}" for x in cells))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--chunks", type=int, default=2, help="stages per rank where a "
+                        "schedule takes chunks")
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--sizes", default="compute,overhead",
+                        help=f"comma-separated, from: {', '.join(SIZES)}")
+    parser.add_argument("--no-tables", action="store_true")
+    parser.add_argument("--profile", action="store_true")
+    args = parser.parse_args()
+    if args.steps < 10:
+        parser.error("--steps must be at least 10 (a median of fewer steps is noise)")
+    unknown = [size for size in args.sizes.split(",") if size not in SIZES]
+    if unknown:
+        parser.error(f"--sizes: unknown size(s) {unknown}; choose from {', '.join(SIZES)}")
+    load_before = os.getloadavg()
+    comparable = pairs(args.ranks, args.microbatches, args.chunks)
+    results = {}
+    with pl.LocalCluster(args.ranks, timeout=120) as cluster:
+        print(f"{args.ranks} ranks pinned to cores {cluster.cores}, {args.microbatches} "
+              f"microbatches, uniform partition, median of {args.steps} steps after "
+              f"{args.warmup} warm-up; both runtimes alternate in the same worker processes")
+        for size in args.sizes.split(","):
+            kwargs, rows_per_mb = SIZES[size]
+            cfg = pl.ModelConfig(**kwargs)
+            batch = rows_per_mb * args.microbatches
+            rows = [compare(cluster, name, sched, cls, style, cfg, batch, args.steps, args.warmup)
+                    for name, sched, cls, style in comparable]
+            results[size] = rows
+            print_rows(size, cfg, rows_per_mb, rows)
+            if args.profile:
+                for row in rows:
+                    cpu_profile(cluster, row, cfg, batch, args.steps, args.warmup)
+    load_after = os.getloadavg()
+    if not args.no_tables:
+        for name, sched, cls, _style in comparable:
+            print_tables(sched, cls)
+    print(f"\nload average (1, 5, 15 min): {load_before[0]:.1f} {load_before[1]:.1f} "
+          f"{load_before[2]:.1f} before, {load_after[0]:.1f} {load_after[1]:.1f} "
+          f"{load_after[2]:.1f} after; wall-clock ratios need a quiet machine, CPU per action "
+          f"(--profile) does not")
+    worst = max(r["ours_ms"] / r["torch_ms"] for rows in results.values() for r in rows)
+    worst_cpu = max(r["ours_cpu"] / r["torch_cpu"] for rows in results.values() for r in rows)
+    exact = all(r["err"] <= 1e-5 and r["torch_err"] <= 1e-5
+                for rows in results.values() for r in rows)
+    print(f"target ours/torch <= 1.00 for every schedule and size: "
+          f"{'met' if worst <= 1.0 else 'NOT met'} (worst {worst:.2f} wall, {worst_cpu:.2f} "
+          f"CPU); both gradient-exact "
+          f"(<= 1e-5): {'yes' if exact else 'NO'}")
+
+
+if __name__ == "__main__":
+    main()

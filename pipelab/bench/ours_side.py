@@ -1,0 +1,103 @@
+"""pipelab's own executor, instrumented, run inside LocalCluster workers:
+
+    cluster.call("pipelab.bench.ours_side:run_step", spec, profile=True)   # one dict per rank
+
+It runs `run_rank(spec)` exactly as a `cluster.run` does (measuring on: per-action clocks,
+activation meter, progress board) and adds what a run does not report: this thread's CPU time
+from the end of the step's barrier to the end of the step, and optionally a cProfile of that
+span. The barrier is found by wrapping `torch.distributed.barrier` for the duration of the call,
+so this needs no hook in the executor.
+"""
+from __future__ import annotations
+
+import time
+
+
+def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None = None) -> dict:
+    """`without`: parts of the measuring to switch off for an ablation ("meter", "board");
+    `meter`: 'module:Class' of another activation meter to measure with."""
+    import torch.distributed as dist
+    from multiprocessing import RawArray
+    from ..runtime.board import Board
+    from ..runtime.executor import run_rank
+    rank = dist.get_rank()
+    marks: list[float] = []
+    profiler = None
+    if profile:
+        from .profiling import profiler as make_profiler
+        profiler = make_profiler()
+    barrier = dist.barrier
+
+    def timed_barrier(*args, **kwargs):
+        out = barrier(*args, **kwargs)
+        marks.append(time.thread_time())
+        if profiler is not None:
+            profiler.enable()
+        return out
+
+    dist.barrier = timed_barrier
+    from ..runtime import executor
+    from ..runtime.board import NoBoard
+    meter_class = executor.ActivationMeter
+    if "meter" in without:
+        executor.ActivationMeter = _NoMeter
+    elif meter is not None:                  # A/B another meter design in the same workers
+        from ..runtime.calls import resolve
+        executor.ActivationMeter = resolve(meter)
+    try:
+        board = Board(RawArray("d", 5 * dist.get_world_size()), dist.get_world_size())
+        if "board" in without:
+            board = NoBoard()
+        report = run_rank(spec, rank, board)   # a board like the pool's: measuring on
+    finally:
+        executor.ActivationMeter = meter_class
+        if profiler is not None:
+            profiler.disable()
+        end_cpu = time.thread_time()
+        dist.barrier = barrier
+    step = report["steps"][-1]
+    out = {"rank": rank, "begin": step["begin"], "end": max(a[4] for a in step["actions"]),
+           "cpu": end_cpu - marks[-1], "actions": len(step["actions"]),
+           "handler_cpu": sum(a[5] for a in step["actions"])}
+    if profiler is not None:
+        from .profiling import summarize
+        out["profile"] = summarize(profiler)
+    return out
+
+
+class _NoMeter:
+    """Ablation: an activation meter that measures nothing."""
+    live = peak = 0
+
+    def __init__(self, parameters=()):
+        pass
+
+    def saving(self):
+        import contextlib
+        return contextlib.nullcontext()
+
+
+class HooksOnlyMeter(_NoMeter):
+    """Ablation: saved-tensor hooks that do nothing (pack and unpack return the tensor): the
+    floor any hook-based meter pays. Leaks a graph that never runs backward; in a pipeline
+    step every forward's graph is consumed by its backward."""
+
+    def saving(self):
+        import torch
+        return torch.autograd.graph.saved_tensors_hooks(_same, _same)
+
+
+class DetachMeter(_NoMeter):
+    """Ablation: hooks that keep a detached alias of each saved tensor, and count nothing."""
+
+    def saving(self):
+        import torch
+        return torch.autograd.graph.saved_tensors_hooks(_detached, _same)
+
+
+def _same(tensor):
+    return tensor
+
+
+def _detached(tensor):
+    return tensor.detach()

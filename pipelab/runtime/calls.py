@@ -1,0 +1,118 @@
+"""Run a function named by module path on every worker: the runtime half of plugins.
+
+    results = cluster.call("pipelab.bench.torch_side:run_step", job)   # one result per rank
+
+Workers are spawned processes: they can import a function from an installed or importable
+module, never from `__main__` (a notebook cell or the script being run), whose objects do not
+exist in the worker. So a target is resolved by name in the parent first and refused there,
+with a message that says what to do, before any worker is asked to do anything: a bad name must
+not leave some ranks waiting in a collective for ranks that failed to import.
+
+Inside the call, torch.distributed is initialised (the pool's gloo group): the function finds
+its rank with `dist.get_rank()` and may use any collective or point-to-point operation, as long
+as every rank's call makes the matching ones.
+"""
+from __future__ import annotations
+
+import importlib
+import pickle
+import time
+from typing import Callable
+
+from .errors import PipelineTimeout, WorkerError
+
+
+def target_name(target: "str | Callable") -> str:
+    """'package.module:function' for `target` (a name or a function), or ValueError saying why
+    the workers could not run it."""
+    if callable(target) and not isinstance(target, str):
+        module = getattr(target, "__module__", None)
+        qualname = getattr(target, "__qualname__", None)
+        if module is None or qualname is None:
+            raise ValueError(f"cluster.call: {target!r} has no module and name; pass a function "
+                             f"defined at the top level of an importable module")
+        name = f"{module}:{qualname}"
+    elif isinstance(target, str):
+        name = target
+    else:
+        raise ValueError(f"cluster.call: target must be 'module:function' or a function, "
+                         f"got {type(target).__name__}")
+    module, sep, qualname = name.partition(":")
+    if not sep or not module or not qualname:
+        raise ValueError(f"cluster.call: {name!r} is not 'package.module:function'")
+    if module == "__main__" or module.startswith("__mp_main__"):
+        raise ValueError(
+            f"cluster.call: {qualname} is defined in __main__ (a notebook cell or the script "
+            f"being run); the workers are separate processes that cannot see it. Move it to a "
+            f"module they can import (a .py file next to the notebook or in your package) and "
+            f"call it as 'module:{qualname}'")
+    if "<locals>" in qualname or "<lambda>" in qualname:
+        raise ValueError(f"cluster.call: {name} is a local function or a lambda; the workers can "
+                         f"only import functions defined at the top level of a module")
+    resolve(name)            # importable here, or a clear error before any worker moves
+    return name
+
+
+def resolve(name: str) -> Callable:
+    """Import `module:qualname` and return the function (ValueError if it does not exist)."""
+    module_name, _, qualname = name.partition(":")
+    try:
+        obj = importlib.import_module(module_name)
+    except ImportError as err:
+        raise ValueError(f"cluster.call: cannot import module {module_name!r} ({err}); the "
+                         f"workers import the target by name, so it must be importable") from None
+    for part in qualname.split("."):
+        try:
+            obj = getattr(obj, part)
+        except AttributeError:
+            raise ValueError(f"cluster.call: module {module_name!r} has no {qualname!r}") from None
+    if not callable(obj):
+        raise ValueError(f"cluster.call: {name} is a {type(obj).__name__}, not a function")
+    return obj
+
+
+def run_call(message) -> object:
+    """In a worker: run the named function with the shipped arguments."""
+    name, args, kwargs = message
+    return resolve(name)(*args, **kwargs)
+
+
+def pack_call(name: str, args: tuple, kwargs: dict) -> bytes:
+    """The command every worker receives (pickled once; unpicklable arguments fail here, in the
+    parent, before any worker is asked anything)."""
+    try:
+        return pickle.dumps(("call", (name, args, kwargs)))
+    except Exception as err:
+        raise ValueError(f"cluster.call: the arguments of {name} cannot be pickled for the "
+                         f"workers: {err}") from None
+
+
+def call_all(pool, name: str, data: bytes, timeout: float,
+             check_deaths: Callable[[float], None]) -> list:
+    """Send the packed call to every worker of `pool`; return the results in rank order.
+
+    Raises WorkerError (an exception in a worker, or a death) or PipelineTimeout (no answer from
+    every rank within `timeout` seconds); the caller then discards the workers.
+    """
+    from .pool import POLL
+    for conn in pool.conns:
+        conn.send_bytes(data)
+    results: dict[int, object] = {}
+    deadline = time.monotonic() + timeout
+    while len(results) < pool.ranks:
+        waiting = [r for r in range(pool.ranks) if r not in results]
+        for rank, message in pool.receive(waiting, timeout=POLL):
+            if message[0] == "done":
+                results[rank] = message[2]
+            elif message[0] == "error":
+                check_deaths(0.5)     # a dead peer makes survivors fail: report the death
+                text = message[2]
+                last = text.strip().splitlines()[-1] if text.strip() else "an exception"
+                raise WorkerError(f"rank {rank} raised {last} in {name}.\nWorker traceback:\n"
+                                  f"{text}", rank, traceback=text)
+        check_deaths(0.0)
+        if time.monotonic() > deadline:
+            raise PipelineTimeout(f"cluster.call: {name} did not return on ranks {waiting} "
+                                  f"within {timeout:g} s; the workers were stopped and the next "
+                                  f"run starts fresh ones", waiting[0], waited=timeout)
+    return [results[r] for r in range(pool.ranks)]
