@@ -58,7 +58,8 @@ def chunk_costs(rank_costs: Costs, sched) -> Costs:
     return Costs(F=scaled("F", rank_costs.F), I=scaled("I", rank_costs.I),
                  W=scaled("W", rank_costs.W), B=scaled("B", rank_costs.B),
                  comm=rank_costs.comm, per_action=rank_costs.per_action, unit=rank_costs.unit,
-                 kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()})
+                 kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()},
+                 per=rank_costs.per)
 
 
 def simulate_named(name: str, ranks: int, microbatches: int, rank_costs: Costs | None = None,
@@ -96,7 +97,8 @@ def interleaving_gain(ranks: int, microbatches: int, chunks: int, comm: float = 
     """1F1B against interleaved 1F1B with `chunks` per rank, both at communication cost `comm`:
     makespans, messages per step, and the saving (positive: interleaving is faster)."""
     base = rank_costs or Costs()
-    costs = Costs(F=base.F, I=base.I, W=base.W, B=base.B, comm=comm, unit=base.unit)
+    costs = Costs(F=base.F, I=base.I, W=base.W, B=base.B, comm=comm, unit=base.unit,
+                  per=base.per)
     plain = schedule("1f1b", ranks=ranks, microbatches=microbatches)
     inter = schedule("interleaved-1f1b", ranks=ranks, microbatches=microbatches, chunks=chunks)
     t_plain = simulate(plain, chunk_costs(costs, plain)).makespan

@@ -19,6 +19,18 @@ def test_chunk_costs_divide_a_rank_among_its_chunks():
     assert (plain.F, plain.I, plain.W) == (1.0, 3.0, 0.5)
 
 
+def test_chunk_costs_keep_a_fixed_batch():
+    """per="batch" (the whole batch's cost, shared by the microbatches) survives the scaling:
+    a fixed batch takes the same work whatever m, so 1F1B's makespan is (m+p−1)/m × 3."""
+    sched = pl.schedule("interleaved-1f1b", ranks=4, microbatches=8, chunks=2)
+    c = compare.chunk_costs(pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"), sched)
+    assert c.per == "batch" and c.F == 4.0
+    tl = compare.simulate_named("1f1b", 4, 8, pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"))
+    assert tl.makespan == pytest.approx(33)
+    gain = compare.interleaving_gain(4, 8, 2, rank_costs=pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"))
+    assert gain["interleaved"] == pytest.approx(28.5)
+
+
 def test_chunk_costs_per_rank_lists_follow_the_placement():
     """Rank costs are per rank: stage s takes its rank's cost / v (loop and V placements)."""
     loop = pl.schedule("interleaved-1f1b", ranks=2, microbatches=4, chunks=2)   # 0 1 0 1
