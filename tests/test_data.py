@@ -81,10 +81,14 @@ def test_batches_are_deterministic():
 
 
 def test_validation_split_is_held_out():
+    text = pl.load_corpus()
     train, val = data.corpus_tokens("train"), data.corpus_tokens("val")
-    assert len(train) + len(val) == len(pl.load_corpus())
-    x, _ = pl.get_batch(4, 16, seed=0, split="val")
-    assert x.shape == (4, 16)
+    cut = int(len(text) * 0.9)                     # the first 90% trains, the last 10% validates
+    assert pl.decode(train) == text[:cut] and pl.decode(val) == text[cut:]
+    x, y = pl.get_batch(64, 16, seed=0, split="val")
+    assert x.shape == (64, 16)
+    for row_x, row_y in zip(x, y):                 # every window lies inside the held-out tail
+        assert pl.decode(row_x) + pl.decode(row_y)[-1] in text[cut:]
     with pytest.raises(ValueError, match="split"):
         pl.get_batch(4, 16, seed=0, split="test")
 

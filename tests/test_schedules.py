@@ -53,11 +53,19 @@ def test_from_text_rejects_a_stage_on_two_ranks():
         Schedule.from_text("0F0 0B0\n0F1 0B1")
 
 
-def test_one_f_one_b_reads_as_warmup_steady_cooldown():
-    sched = pl.schedule("1f1b", ranks=4, microbatches=8)
-    assert " ".join(map(str, sched.actions[0][:5])) == "0F0 0F1 0F2 0F3 0B0"
-    assert " ".join(map(str, sched.actions[3][:4])) == "3F0 3B0 3F1 3B1"
-    assert " ".join(map(str, sched.actions[0][-3:])) == "0B5 0B6 0B7"
+@pytest.mark.parametrize("name,p,m,rows", [
+    # Written out by hand from the papers' figures: warm-up min(p-1-i, m) forwards, then pairs.
+    ("1f1b", 3, 4, ["0F0 0F1 0F2 0B0 0F3 0B1 0B2 0B3",
+                    "1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3",
+                    "2F0 2B0 2F1 2B1 2F2 2B2 2F3 2B3"]),
+    ("1f1b", 4, 2, ["0F0 0F1 0B0 0B1", "1F0 1F1 1B0 1B1",      # fewer microbatches than ranks
+                    "2F0 2F1 2B0 2B1", "3F0 3B0 3F1 3B1"]),
+    ("gpipe", 2, 3, ["0F0 0F1 0F2 0B0 0B1 0B2", "1F0 1F1 1F2 1B0 1B1 1B2"]),
+])
+def test_generators_write_the_papers_order(name, p, m, rows):
+    sched = pl.schedule(name, ranks=p, microbatches=m)
+    assert [" ".join(map(str, acts)) for acts in sched.actions] == rows
+    assert sched.placement == tuple(range(p))
 
 
 def test_grid_lines_ranks_up_like_the_papers():
@@ -80,15 +88,39 @@ def test_registry_lists_names_and_rejects_bad_arguments():
         pl.schedule("gpipe", ranks=2, microbatches=2, chunks=2)
 
 
+def _transfers(plan):
+    """Every transfer as text, with the steps that send and receive it."""
+    out = set()
+    for rank, steps in enumerate(plan):
+        for s in steps:
+            out |= {(str(t), "sent after", str(s.action)) for t in s.send}
+            out |= {(str(t), "received before", str(s.action)) for t in s.recv}
+    return out
+
+
 def test_comm_plan_derives_sends_and_receives():
     plan = comm_plan(pl.schedule("1f1b", ranks=2, microbatches=2))
-    first = plan[0][0]     # 0F0 sends its activation to rank 1
-    assert str(first.action) == "0F0" and not first.recv
-    assert [(str(t.producer), str(t.consumer), t.dst) for t in first.send] == [("0F0", "1F0", 1)]
-    last_b = next(s for s in plan[1] if str(s.action) == "1B0")
-    assert [str(t.consumer) for t in last_b.send] == ["0B0"]
-    tags = {t.tag for steps in plan for s in steps for t in s.send}
-    assert len(tags) == sum(len(s.send) for steps in plan for s in steps)   # unique tags
+    assert _transfers(plan) == {
+        ("activation 0F0->1F0 (rank 0->1)", "sent after", "0F0"),
+        ("activation 0F0->1F0 (rank 0->1)", "received before", "1F0"),
+        ("activation 0F1->1F1 (rank 0->1)", "sent after", "0F1"),
+        ("activation 0F1->1F1 (rank 0->1)", "received before", "1F1"),
+        ("input gradient 1B0->0B0 (rank 1->0)", "sent after", "1B0"),
+        ("input gradient 1B0->0B0 (rank 1->0)", "received before", "0B0"),
+        ("input gradient 1B1->0B1 (rank 1->0)", "sent after", "1B1"),
+        ("input gradient 1B1->0B1 (rank 1->0)", "received before", "0B1"),
+    }
+    assert {t.name for steps in plan for s in steps for t in s.recv} == {"x", "grad"}
+
+
+def test_split_backward_sends_the_gradient_from_i_not_w():
+    plan = comm_plan(Schedule.from_text("0F0 0I0 0W0\n1F0 1I0 1W0"))
+    assert _transfers(plan) == {
+        ("activation 0F0->1F0 (rank 0->1)", "sent after", "0F0"),
+        ("activation 0F0->1F0 (rank 0->1)", "received before", "1F0"),
+        ("input gradient 1I0->0I0 (rank 1->0)", "sent after", "1I0"),
+        ("input gradient 1I0->0I0 (rank 1->0)", "received before", "0I0"),
+    }
 
 
 # --- the validator: broken schedules are rejected with the grid and a plain explanation -------
@@ -132,7 +164,8 @@ def test_rejects_cross_rank_deadlock_and_names_who_waits_for_what():
 
 
 def test_rejects_out_of_range_microbatch_and_half_split_backward():
-    _broken("0F0 0F1 0B0 0B1", microbatches=1)
+    msg = _broken("0F0 0F1 0B0 0B1", microbatches=1)
+    assert "0F1 names microbatch 1, but microbatches are 0..0" in msg and ">0F1<" in msg
     msg = _broken("0F0 0I0")
     assert "0W0 is missing" in msg
 
