@@ -1,0 +1,433 @@
+"""Schedules side by side, for the same model: the logic behind notebooks 04 and 05.
+
+Every comparison here holds the *model* fixed, not the stage: with v chunks (stages) per rank,
+each chunk is 1/v of a rank's layers, so a chunk's forward costs T_F/v (and I, W, B likewise).
+`rank_costs` are the costs of one rank's worth of layers; `chunk_costs` divides them down to
+what one stage of a given schedule costs. With that convention interleaved 1F1B at p=4, m=8,
+v=2 and unit rank costs takes 28.5 (FORMULAS.md), against 33 for 1F1B.
+
+    from pipelab import compare
+    compare.simulate_named("interleaved-1f1b", 4, 8, pl.Costs(), chunks=2).makespan  # 28.5
+    compare.crossover_comm(4, 8, chunks=4)          # where interleaving stops paying
+    table = compare.schedule_table(4, 8)            # bubble and peak memory of every schedule
+    compare.plot_schedule_table(table)              # draws the table, computes nothing
+    check = compare.gain_check(base_run, zb_run)    # predicted vs replayed vs measured saving
+
+Data first, drawing second: the `plot_` functions only draw what the table functions return,
+so a notebook asserts on exactly the numbers it shows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+from .schedules import SCHEDULES, schedule
+from .simulate import Costs, simulate
+from .timeline import Timeline
+
+RANK_KINDS = ("F", "I", "W", "B")
+
+
+# --- the same model, any schedule ---------------------------------------------------------------
+
+def chunk_costs(rank_costs: Costs, sched) -> Costs:
+    """Per-stage costs of `sched` from the costs of one rank's worth of layers.
+
+    A stage on a rank holding v stages costs 1/v of that rank's cost. `rank_costs` values are
+    one number, or one number per *rank* (a slow rank makes all its chunks slow); communication
+    and per-action measurements are kept as they are.
+    """
+    if not isinstance(rank_costs, Costs):
+        raise ValueError(f"rank_costs must be a pl.Costs, got {type(rank_costs).__name__}")
+    ranks, stages = sched.ranks, sched.stages
+    share = [1.0 / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
+
+    def scaled(kind: str, value):
+        if value is None:
+            return None
+        if isinstance(value, list):
+            if len(value) != ranks:
+                raise ValueError(f"rank_costs.{kind} has {len(value)} values; give one number, "
+                                 f"or one per rank ({ranks}), not one per stage")
+            return [value[sched.rank_of(s)] * share[s] for s in range(stages)]
+        if all(x == share[0] for x in share):
+            return value * share[0]
+        return [value * share[s] for s in range(stages)]
+
+    return Costs(F=scaled("F", rank_costs.F), I=scaled("I", rank_costs.I),
+                 W=scaled("W", rank_costs.W), B=scaled("B", rank_costs.B),
+                 comm=rank_costs.comm, per_action=rank_costs.per_action, unit=rank_costs.unit,
+                 kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()},
+                 per=rank_costs.per)
+
+
+def simulate_named(name: str, ranks: int, microbatches: int, rank_costs: Costs | None = None,
+                   *, i_frees: float = 0.0, **options) -> Timeline:
+    """Build the named schedule and simulate it for the same model: costs per rank's worth of
+    layers (default F = I = W = 1), divided among the rank's chunks."""
+    sched = schedule(name, ranks=ranks, microbatches=microbatches, **options)
+    return simulate(sched, chunk_costs(rank_costs or Costs(), sched), i_frees=i_frees)
+
+
+def spans(timeline: Timeline) -> dict[int, float]:
+    """Each rank's span, first start to last end: the zero-bubble papers' "makespan" per stage."""
+    out = {}
+    for r in range(timeline.ranks):
+        events = timeline.events_of(r)
+        out[r] = (max(e.end for e in events) - min(e.start for e in events)) if events else 0.0
+    return out
+
+
+def longest_span(timeline: Timeline) -> float:
+    """The longest per-rank span (convention of the zero-bubble papers; wall-clock is `makespan`)."""
+    return max(spans(timeline).values(), default=0.0)
+
+
+# --- interleaving: bubble / v against messages × v ---------------------------------------------
+
+def messages(sched) -> int:
+    """Cross-rank transfers of one step (activations forward, gradients back)."""
+    from .schedules import comm_plan
+    return sum(len(step.send) for steps in comm_plan(sched) for step in steps)
+
+
+def interleaving_gain(ranks: int, microbatches: int, chunks: int, comm: float = 0.0,
+                      rank_costs: Costs | None = None) -> dict:
+    """1F1B against interleaved 1F1B with `chunks` per rank, both at communication cost `comm`:
+    makespans, messages per step, and the saving (positive: interleaving is faster)."""
+    base = rank_costs or Costs()
+    costs = Costs(F=base.F, I=base.I, W=base.W, B=base.B, comm=comm, unit=base.unit,
+                  per=base.per)
+    plain = schedule("1f1b", ranks=ranks, microbatches=microbatches)
+    inter = schedule("interleaved-1f1b", ranks=ranks, microbatches=microbatches, chunks=chunks)
+    t_plain = simulate(plain, chunk_costs(costs, plain)).makespan
+    t_inter = simulate(inter, chunk_costs(costs, inter)).makespan
+    return {"comm": comm, "chunks": chunks, "1f1b": t_plain, "interleaved": t_inter,
+            "saving": t_plain - t_inter,
+            "messages_1f1b": messages(plain), "messages_interleaved": messages(inter)}
+
+
+def comm_sweep(ranks: int, microbatches: int, chunks: Sequence[int], comms: Sequence[float],
+               rank_costs: Costs | None = None) -> list[dict]:
+    """`interleaving_gain` for every v in `chunks` and c in `comms`: one row each (a table)."""
+    return [interleaving_gain(ranks, microbatches, v, c, rank_costs) for v in chunks for c in comms]
+
+
+def crossover_comm(ranks: int, microbatches: int, chunks: int, rank_costs: Costs | None = None,
+                   *, upper: float | None = None, tol: float = 1e-6) -> float | None:
+    """The smallest communication cost c at which interleaving (v = `chunks`) is no longer
+    faster than 1F1B: simulated makespans equal. None if it stays faster up to `upper`
+    (default: 4 × a rank's forward + backward).
+
+    The gap is scanned on a grid first (it need not be monotone for small c), then the first
+    interval where interleaving stops winning is bisected.
+    """
+    base = rank_costs or Costs()
+    if upper is None:
+        one = base.of("F", 0) + base.of("I", 0) + base.of("W", 0)
+        upper = 4.0 * one
+
+    def saving(c: float) -> float:
+        return interleaving_gain(ranks, microbatches, chunks, c, base)["saving"]
+
+    if saving(0.0) <= 0:
+        return 0.0
+    grid = [upper * k / 64 for k in range(65)]
+    lo = 0.0
+    for c in grid[1:]:
+        if saving(c) <= 0:
+            hi = c
+            break
+        lo = c
+    else:
+        return None
+    while hi - lo > tol:
+        mid = (lo + hi) / 2
+        if saving(mid) > 0:
+            lo = mid
+        else:
+            hi = mid
+    return hi
+
+
+# --- every registered schedule: bubble against peak memory --------------------------------------
+
+def _options(name: str, chunks: int) -> dict:
+    import inspect
+    takes = inspect.signature(SCHEDULES[name]).parameters
+    return {"chunks": chunks} if "chunks" in takes else {}
+
+
+def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = None, *,
+                   names: Sequence[str] | None = None, chunks: int = 2,
+                   i_frees: float = 0.0) -> list[dict]:
+    """One row per schedule (default: every registered one) for the same model: makespan
+    (wall-clock), longest per-rank span, bubble as a share of the makespan, and peak
+    activations (the largest over ranks and the first rank's, in units of one microbatch's
+    activations for a rank's worth of layers). A schedule that refuses these (p, m) gets a row
+    with `error` set and no numbers."""
+    rows = []
+    for name in (names or sorted(SCHEDULES)):
+        opts = _options(name, chunks)
+        row = {"name": name, "chunks": opts.get("chunks", 1)}
+        try:
+            tl = simulate_named(name, ranks, microbatches, rank_costs, i_frees=i_frees, **opts)
+        except ValueError as error:
+            row.update(error=str(error))
+            rows.append(row)
+            continue
+        peaks = tl.peak_activations()
+        row.update(makespan=tl.makespan, span=longest_span(tl),
+                   bubble=tl.bubble_fraction(), peak=max(peaks.values()), peak_first=peaks[0],
+                   error=None)
+        rows.append(row)
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """`schedule_table` rows as aligned text."""
+    lines = [f"{'schedule':<18}{'v':>3}{'makespan':>10}{'span':>8}{'bubble':>9}{'peak':>7}"
+             f"{'rank 0':>8}"]
+    for r in rows:
+        if r.get("error"):
+            lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {r['error'][:60]}…)")
+            continue
+        lines.append(f"{r['name']:<18}{r['chunks']:>3}{r['makespan']:>10.4g}{r['span']:>8.4g}"
+                     f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}")
+    return "\n".join(lines)
+
+
+def plot_schedule_table(rows: list[dict], ax=None, title: str | None = None):
+    """Scatter of a `schedule_table`: bubble (share of the makespan) against peak activations,
+    one labelled dot per schedule. Only draws."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        _, ax = plt.subplots(figsize=(7, 4))
+    shown = [r for r in rows if not r.get("error")]
+    for r in shown:
+        ax.plot(r["peak"], 100 * r["bubble"], "o", markersize=7)
+        ax.annotate(r["name"], (r["peak"], 100 * r["bubble"]), textcoords="offset points",
+                    xytext=(6, 4), fontsize=8)
+    ax.set_xlabel("peak activations, busiest rank (microbatches × a rank's layers)")
+    ax.set_ylabel("bubble (% of the makespan)")
+    ax.set_xlim(left=0, right=max((r["peak"] for r in shown), default=1) * 1.25)
+    ax.set_ylim(bottom=-2, top=max((100 * r["bubble"] for r in shown), default=1) * 1.2 + 2)
+    ax.grid(alpha=0.3)
+    ax.set_title(title or "every registered schedule — simulated: bubble vs peak memory",
+                 fontsize=10)
+    return ax
+
+
+# --- live runs: the saving the simulator predicts from measured costs ---------------------------
+
+def fit_costs(*runs) -> Costs:
+    """One cost table from the measured timelines of several runs of the same model and
+    partition: the median CPU time of each kind on each stage over all of them (so F comes
+    from every run, B from the runs with full backwards, I and W from the split ones), and
+    the median message latency as `comm`."""
+    if not runs:
+        raise ValueError("fit_costs needs at least one run")
+    stages = {r.schedule.stages for r in runs}
+    if len(stages) != 1:
+        raise ValueError(f"runs split the model differently (stages {sorted(stages)})")
+    events = [e for r in runs for e in r.timeline.events]
+    merged = Timeline(events, runs[0].schedule.ranks, source="measured", time_unit="s")
+    comm = _median(r.comm_latency for r in runs)
+    return Costs.fit(merged, stages.pop(), comm=comm)
+
+
+@dataclass
+class GainCheck:
+    """How much shorter `new`'s step is than `base`'s: predicted by the simulator from the
+    fitted costs, replayed from each run's per-action CPU times, and measured (wall-clock).
+
+    `predicted`, `replayed`, `measured`: {"base": makespan, "new": makespan} (the medians over
+    the rounds for the live ones). `savings`: {"predicted"|"replayed"|"measured": seconds}; for
+    live runs given round by round, the median of the per-round differences, so that a slow
+    spell of the machine, which hits both runs of a round, cancels out."""
+    costs: Costs
+    predicted: dict
+    replayed: dict
+    measured: dict
+    savings: dict
+
+    @property
+    def predicted_saving(self) -> float:
+        return self.savings["predicted"]
+
+    @property
+    def replayed_saving(self) -> float:
+        return self.savings["replayed"]
+
+    @property
+    def measured_saving(self) -> float:
+        return self.savings["measured"]
+
+    def error(self, which: str) -> float:
+        """|saving(which) − predicted saving| / predicted saving; which: replayed or measured."""
+        got = {"replayed": self.replayed_saving, "measured": self.measured_saving}[which]
+        return abs(got - self.predicted_saving) / abs(self.predicted_saving) \
+            if self.predicted_saving else math.inf
+
+    def share(self, which: str) -> float:
+        """The saving as a share of the base step: predicted, replayed or measured. A machine
+        that stretches every action alike (other work on the cores) leaves it unchanged."""
+        step = {"predicted": self.predicted, "replayed": self.replayed,
+                "measured": self.measured}[which]["base"]
+        return self.savings[which] / step
+
+    def table(self, base: str = "base", new: str = "new") -> str:
+        rows = [("simulated (fitted costs)", self.predicted, "predicted"),
+                ("replayed", self.replayed, "replayed"), ("measured", self.measured, "measured")]
+        lines = [f"{'':26}{base:>10}{new:>10}{'saving':>10}{'share':>8}{'vs predicted':>14}"]
+        for label, d, key in rows:
+            saving = self.savings[key]
+            vs = "" if key == "predicted" else \
+                f"{(saving - self.predicted_saving) / self.predicted_saving:+.1%}"
+            lines.append(f"{label:26}{d['base'] * 1e3:>8.2f}ms{d['new'] * 1e3:>8.2f}ms"
+                         f"{saving * 1e3:>8.2f}ms{saving / d['base']:>8.1%}{vs:>14}")
+        return "\n".join(lines)
+
+
+def _median(values) -> float:
+    values = sorted(values)
+    n = len(values)
+    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
+
+
+def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
+    """Compare live runs of the same model (e.g. 1F1B and ZB-H1): the saving the simulator
+    predicts from the runs' own measured costs against the replayed and measured savings.
+
+    Each argument is a RunResult or a list of them, one per round (as
+    `live_compare(...).runs[name]` gives them). With equal lists, round k's prediction uses
+    costs fitted on round k's two runs (`fit_costs`), and every saving is the median of the
+    per-round differences: a slow spell of the machine stretches both runs of a round and the
+    costs fitted on them alike. `costs` (default: fitted on all the runs) is the table shown,
+    and the one used when the lists cannot be paired."""
+    base_runs = list(base_run) if isinstance(base_run, (list, tuple)) else [base_run]
+    new_runs = list(new_run) if isinstance(new_run, (list, tuple)) else [new_run]
+    paired = len(base_runs) == len(new_runs)
+    costs = costs or fit_costs(*base_runs, *new_runs)
+    base_sched, new_sched = base_runs[0].schedule, new_runs[0].schedule
+
+    def predict(table: Costs) -> tuple[float, float]:
+        return simulate(base_sched, table).makespan, simulate(new_sched, table).makespan
+
+    if paired:
+        rounds = [predict(fit_costs(b, n)) for b, n in zip(base_runs, new_runs)]
+        predicted = {"base": _median(b for b, _ in rounds), "new": _median(n for _, n in rounds)}
+        savings = {"predicted": _median(b - n for b, n in rounds)}
+    else:
+        b, n = predict(costs)
+        predicted, savings = {"base": b, "new": n}, {"predicted": b - n}
+    views = {"replayed": lambda r: r.replay.makespan, "measured": lambda r: r.timeline.makespan}
+    live = {key: {"base": _median(view(r) for r in base_runs),
+                  "new": _median(view(r) for r in new_runs)} for key, view in views.items()}
+    for key, view in views.items():
+        if paired:
+            savings[key] = _median(view(b) - view(n) for b, n in zip(base_runs, new_runs))
+        else:
+            savings[key] = live[key]["base"] - live[key]["new"]
+    return GainCheck(costs, predicted, live["replayed"], live["measured"], savings)
+
+
+# --- explorers (sliders in, simulated pictures out) ----------------------------------------------
+
+def _slider_box(controls: dict, draw):
+    import ipywidgets as w
+    from IPython.display import display
+    out = w.interactive_output(draw, controls)
+    box = w.VBox([*controls.values(), out])
+    box.controls = controls
+    display(box)
+    return box
+
+
+def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2,
+                          comm: float = 0.0):
+    """Sliders for v, p, m and the communication cost (in units of a rank's forward): 1F1B and
+    interleaved 1F1B simulated for the same model on one time axis, with the crossover."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
+    controls = {
+        "chunks": w.IntSlider(value=chunks, min=1, max=4, description="chunks per rank v",
+                              style=style, layout=layout),
+        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
+                             layout=layout),
+        "microbatches": w.IntSlider(value=microbatches, min=2, max=32, description="microbatches m",
+                                    style=style, layout=layout),
+        "comm": w.FloatSlider(value=comm, min=0.0, max=2.0, step=0.05,
+                              description="message cost c (× rank's forward)", style=style,
+                              layout=layout),
+    }
+
+    def draw(chunks, ranks, microbatches, comm):
+        costs = Costs(comm=comm)
+        try:
+            plain = simulate_named("1f1b", ranks, microbatches, costs)
+            inter = simulate_named("interleaved-1f1b", ranks, microbatches, costs, chunks=chunks)
+        except ValueError as error:
+            print(f"refused: {error}")
+            return
+        compare_plot([plain, inter], titles=["1F1B", f"interleaved 1F1B, v={chunks}"])
+        plt.show()
+        gain = interleaving_gain(ranks, microbatches, chunks, comm)
+        print(f"simulated makespan: 1F1B {plain.makespan:.4g}, interleaved {inter.makespan:.4g} "
+              f"({gain['saving'] / plain.makespan:+.1%} saved); messages per step "
+              f"{gain['messages_1f1b']} -> {gain['messages_interleaved']}")
+        if chunks > 1:
+            cross = crossover_comm(ranks, microbatches, chunks)
+            print("interleaving stops paying at c = "
+                  + (f"{cross:.3g} × a rank's forward" if cross is not None else "> 4 (not found)"))
+
+    return _slider_box(controls, draw)
+
+
+ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
+
+
+def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microbatches: int = 8):
+    """Sliders for F : I : W and the communication cost: the chosen schedule against 1F1B,
+    simulated for the same model (Gantt and memory), with the per-rank span and the wall-clock
+    makespan both printed."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
+
+    def slider(value, description, lo=0.25, hi=3.0, step=0.25):
+        return w.FloatSlider(value=value, min=lo, max=hi, step=step, description=description,
+                             style=style, layout=layout)
+
+    controls = {
+        "name": w.Dropdown(options=list(names), value=names[1] if len(names) > 1 else names[0],
+                           description="schedule", style=style, layout=layout),
+        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
+                             layout=layout),
+        "microbatches": w.IntSlider(value=microbatches, min=1, max=32,
+                                    description="microbatches m", style=style, layout=layout),
+        "F": slider(1.0, "forward F"), "I": slider(1.0, "input gradient I"),
+        "W": slider(1.0, "weight gradient W"),
+        "comm": slider(0.0, "message cost c", lo=0.0, hi=1.0, step=0.05),
+    }
+
+    def draw(name, ranks, microbatches, F, I, W, comm):  # noqa: E741
+        costs = Costs(F=F, I=I, W=W, comm=comm)
+        try:
+            base = simulate_named("1f1b", ranks, microbatches, costs)
+            tl = simulate_named(name, ranks, microbatches, costs)
+        except ValueError as error:
+            print(f"refused: {error}")
+            return
+        compare_plot([base, tl], titles=["1F1B", name], memory=False)
+        plt.show()
+        peaks = tl.peak_activations()
+        print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
+              f"longest per-rank span {longest_span(tl):.4g}; "
+              f"peak activations {max(peaks.values()):.3g} (1F1B {max(base.peak_activations().values()):.3g})")
+
+    return _slider_box(controls, draw)

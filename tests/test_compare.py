@@ -1,0 +1,218 @@
+"""pipelab.compare: schedules side by side for the same model (notebooks 04 and 05)."""
+from types import SimpleNamespace
+
+import pytest
+
+import pipelab as pl
+from pipelab import compare
+from pipelab.timeline import Event, Timeline
+
+
+# --- per-chunk cost scaling ---------------------------------------------------------------------
+
+def test_chunk_costs_divide_a_rank_among_its_chunks():
+    sched = pl.schedule("interleaved-1f1b", ranks=2, microbatches=4, chunks=2)
+    c = compare.chunk_costs(pl.Costs(F=1.0, I=3.0, W=0.5, comm=0.1), sched)
+    assert (c.F, c.I, c.W, c.comm) == (0.5, 1.5, 0.25, 0.1)
+    # One chunk per rank: unchanged.
+    plain = compare.chunk_costs(pl.Costs(F=1.0, I=3.0, W=0.5), pl.schedule("1f1b", ranks=2, microbatches=4))
+    assert (plain.F, plain.I, plain.W) == (1.0, 3.0, 0.5)
+
+
+def test_chunk_costs_keep_a_fixed_batch():
+    """per="batch" (the whole batch's cost, shared by the microbatches) survives the scaling:
+    a fixed batch takes the same work whatever m, so 1F1B's makespan is (m+p−1)/m × 3."""
+    sched = pl.schedule("interleaved-1f1b", ranks=4, microbatches=8, chunks=2)
+    c = compare.chunk_costs(pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"), sched)
+    assert c.per == "batch" and c.F == 4.0
+    tl = compare.simulate_named("1f1b", 4, 8, pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"))
+    assert tl.makespan == pytest.approx(33)
+    gain = compare.interleaving_gain(4, 8, 2, rank_costs=pl.Costs(F=8.0, I=8.0, W=8.0, per="batch"))
+    assert gain["interleaved"] == pytest.approx(28.5)
+
+
+def test_chunk_costs_per_rank_lists_follow_the_placement():
+    """Rank costs are per rank: stage s takes its rank's cost / v (loop and V placements)."""
+    loop = pl.schedule("interleaved-1f1b", ranks=2, microbatches=4, chunks=2)   # 0 1 0 1
+    c = compare.chunk_costs(pl.Costs(F=[2.0, 4.0]), loop)
+    assert c.F == [1.0, 2.0, 1.0, 2.0]
+    vee = pl.schedule("zb-v", ranks=2, microbatches=3)                            # 0 1 1 0
+    c = compare.chunk_costs(pl.Costs(F=[2.0, 4.0], B=[6.0, 8.0]), vee)
+    assert c.F == [1.0, 2.0, 2.0, 1.0] and c.B == [3.0, 4.0, 4.0, 3.0]
+    with pytest.raises(ValueError, match="one per rank"):
+        compare.chunk_costs(pl.Costs(F=[1.0, 1.0, 1.0, 1.0]), loop)
+
+
+def test_reference_values_for_the_same_model():
+    """FORMULAS.md: p=4, m=8, unit rank costs: 1F1B 33, interleaved v=2 28.5 (peaks 5.5 / 2.5),
+    ZB-H1 27, ZB-H2 span 24 / wall-clock 27."""
+    assert compare.simulate_named("1f1b", 4, 8).makespan == 33
+    inter = compare.simulate_named("interleaved-1f1b", 4, 8, chunks=2)
+    assert inter.makespan == pytest.approx(28.5)
+    assert inter.peak_activations()[0] == pytest.approx(5.5)
+    assert inter.peak_activations()[3] == pytest.approx(2.5)
+    assert compare.simulate_named("zb-h1", 4, 8).makespan == 27
+    h2 = compare.simulate_named("zb-h2", 4, 8)
+    assert compare.longest_span(h2) == 24 and h2.makespan == 27
+
+
+def test_spans_are_first_start_to_last_end_per_rank():
+    a = pl.Action(0, "F", 0)
+    tl = Timeline([Event(0, a, 1.0, 2.0), Event(0, a, 5.0, 7.0), Event(1, a, 3.0, 4.0)], ranks=3)
+    assert compare.spans(tl) == {0: 6.0, 1: 1.0, 2: 0.0}
+    assert compare.longest_span(tl) == 6.0
+
+
+# --- interleaving and communication --------------------------------------------------------------
+
+def test_messages_grow_with_the_number_of_stages():
+    """Every stage boundary is crossed by an activation and a gradient per microbatch:
+    2m(pv − 1) messages."""
+    for p, m, v in [(2, 4, 2), (4, 8, 2), (4, 8, 4), (3, 6, 3)]:
+        inter = pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v)
+        assert compare.messages(inter) == 2 * m * (p * v - 1)
+    assert compare.messages(pl.schedule("1f1b", ranks=4, microbatches=8)) == 2 * 8 * 3
+
+
+def test_interleaving_gain_without_communication_is_the_bubble_over_v():
+    for v in (2, 3, 4):
+        gain = compare.interleaving_gain(4, 8, v)
+        assert gain["1f1b"] == 33
+        assert gain["saving"] == pytest.approx(3 * 3 * (1 - 1 / v))    # (p−1)(F+B)(1 − 1/v)
+
+
+def test_crossover_is_where_the_makespans_meet():
+    for v in (2, 3, 4):
+        c = compare.crossover_comm(4, 8, v)
+        assert c is not None and 0 < c < 4
+        assert compare.interleaving_gain(4, 8, v, c - 1e-3)["saving"] > 0
+        assert compare.interleaving_gain(4, 8, v, c + 1e-3)["saving"] <= 0
+    # More chunks: more messages, so communication eats the gain sooner.
+    assert compare.crossover_comm(4, 8, 4) < compare.crossover_comm(4, 8, 2)
+
+
+def test_crossover_none_when_interleaving_always_wins_below_the_bound():
+    assert compare.crossover_comm(4, 8, 2, upper=0.5) is None
+
+
+def test_comm_sweep_is_a_table_of_gains():
+    rows = compare.comm_sweep(4, 8, chunks=[2, 4], comms=[0.0, 0.5])
+    assert [(r["chunks"], r["comm"]) for r in rows] == [(2, 0.0), (2, 0.5), (4, 0.0), (4, 0.5)]
+    assert rows[0]["saving"] == pytest.approx(4.5)
+    assert rows[3]["saving"] < 0       # v=4 at c=0.5 is past its crossover (0.375)
+
+
+# --- every schedule, bubble against memory -------------------------------------------------------
+
+def test_schedule_table_rows():
+    rows = {r["name"]: r for r in compare.schedule_table(4, 8)}
+    assert set(rows) == set(pl.SCHEDULES)
+    assert rows["gpipe"]["peak"] == 8 and rows["1f1b"]["peak"] == 4
+    assert rows["interleaved-1f1b"]["chunks"] == 2 and rows["interleaved-1f1b"]["peak"] == 5.5
+    assert rows["looped-bfs"]["peak"] == 8
+    assert rows["zb-h2"]["peak"] == 7 and rows["zb-h2"]["span"] == 24 and rows["zb-h2"]["makespan"] == 27
+    assert rows["zb-v"]["peak"] == 4 and rows["zb-v"]["span"] == 24
+    assert rows["1f1b"]["bubble"] == pytest.approx(3 / 11)
+    assert rows["zb-h1"]["bubble"] == pytest.approx(3 / 27)
+
+
+def test_schedule_table_keeps_a_row_for_a_refused_schedule():
+    rows = {r["name"]: r for r in compare.schedule_table(4, 4, names=["1f1b", "zb-h2"])}
+    assert rows["1f1b"]["error"] is None
+    assert "2*ranks - 1" in rows["zb-h2"]["error"] and "makespan" not in rows["zb-h2"]
+    assert "refused" in compare.format_table(list(rows.values()))
+
+
+def test_plot_schedule_table_draws_one_dot_per_schedule():
+    import matplotlib
+    matplotlib.use("Agg")
+    rows = compare.schedule_table(4, 8, names=["1f1b", "zb-h1", "zb-h2"])
+    ax = compare.plot_schedule_table(rows)
+    assert len(ax.lines) == 3
+    assert sorted(t.get_text() for t in ax.texts) == ["1f1b", "zb-h1", "zb-h2"]
+    assert "simulated" in ax.get_title()
+
+
+# --- predicted vs measured gain ------------------------------------------------------------------
+
+def _fake_run(name: str, costs: pl.Costs, comm: float, jitter: float = 0.0):
+    """A RunResult-like object whose measured timeline is the simulation with CPU times."""
+    sched = pl.schedule(name, ranks=2, microbatches=4)
+    tl = pl.simulate(sched, costs)
+    events = [Event(e.rank, e.action, e.start, e.end * (1 + jitter), e.duration) for e in tl.events]
+    measured = Timeline(events, 2, source="measured", time_unit="s")
+    return SimpleNamespace(schedule=sched, timeline=measured, replay=tl, comm_latency=comm)
+
+
+def test_fit_costs_takes_b_from_full_backwards_and_i_w_from_split_ones():
+    truth = pl.Costs(F=0.010, I=0.012, W=0.006, B=0.020, unit="s")   # B ≠ I + W on purpose
+    base = _fake_run("1f1b", truth, 1e-4)
+    zb = _fake_run("zb-h1", truth, 3e-4)
+    fitted = compare.fit_costs(base, zb)
+    assert fitted.F == pytest.approx([0.010, 0.010])
+    assert fitted.B == pytest.approx([0.020, 0.020])
+    assert fitted.I == pytest.approx([0.012, 0.012]) and fitted.W == pytest.approx([0.006, 0.006])
+    assert fitted.comm == pytest.approx(2e-4)      # the median of two latencies: their mean
+
+
+def test_gain_check_predicts_the_saving_of_its_own_model():
+    truth = pl.Costs(F=0.010, I=0.010, W=0.010, unit="s")
+    base, zb = _fake_run("1f1b", truth, 0.0), _fake_run("zb-h1", truth, 0.0)
+    check = compare.gain_check(base, zb)
+    # p=2: 1F1B (m+p−1)(F+B) = 15F, ZB-H1 3mF + (p−1)(F+I−W) = 13F.
+    assert check.predicted == pytest.approx({"base": 0.150, "new": 0.130})
+    assert check.predicted_saving == pytest.approx(0.020)
+    assert check.replayed_saving == pytest.approx(0.020) and check.error("replayed") < 1e-9
+    assert "saving" in check.table("1f1b", "zb-h1")
+
+
+def test_gain_check_uses_median_runs_and_reports_the_error():
+    truth = pl.Costs(F=0.010, I=0.010, W=0.010, unit="s")
+    bases = [_fake_run("1f1b", truth, 0.0, j) for j in (0.0, 0.5, 0.1)]
+    zbs = [_fake_run("zb-h1", truth, 0.0, j) for j in (0.0, 0.0, 0.0)]
+    check = compare.gain_check(bases, zbs)
+    # measured makespans of the bases: 0.150, 0.225, 0.165 -> median 0.165.
+    assert check.measured["base"] == pytest.approx(0.165)
+    # per-round savings 0.020, 0.095, 0.035 -> median 0.035
+    assert check.measured_saving == pytest.approx(0.035)
+    assert check.error("measured") == pytest.approx(0.75)
+
+
+def test_gain_check_pairs_the_rounds():
+    """Savings are per-round differences: a slow spell is compared within its round."""
+    truth = pl.Costs(F=0.010, I=0.010, W=0.010, unit="s")
+    bases = [_fake_run("1f1b", truth, 0.0, j) for j in (0.0, 0.0, 1.0)]   # 0.150 0.150 0.300
+    zbs = [_fake_run("zb-h1", truth, 0.0, j) for j in (0.0, 1.0, 1.0)]    # 0.130 0.260 0.260
+    check = compare.gain_check(bases, zbs)
+    # Per round: 0.020, -0.110, 0.040 -> 0.020; the difference of the medians would be -0.110.
+    assert check.measured_saving == pytest.approx(0.020)
+    assert check.measured == pytest.approx({"base": 0.150, "new": 0.260})
+    assert check.share("measured") == pytest.approx(0.020 / 0.150)
+    assert check.share("predicted") == pytest.approx(0.020 / 0.150)
+    # Unequal numbers of runs cannot be paired: the medians' difference.
+    check = compare.gain_check(bases, zbs[:2])
+    assert check.measured_saving == pytest.approx(0.150 - 0.195)
+
+
+def test_fit_costs_refuses_runs_of_different_splits():
+    truth = pl.Costs(unit="s")
+    a = _fake_run("1f1b", truth, 0.0)
+    b = _fake_run("1f1b", truth, 0.0)
+    b.schedule = pl.schedule("interleaved-1f1b", ranks=2, microbatches=4, chunks=2)
+    with pytest.raises(ValueError, match="split the model differently"):
+        compare.fit_costs(a, b)
+
+
+def test_gain_check_predicts_each_round_from_its_own_costs():
+    """Round 2 ran on a machine twice as slow (every CPU time doubled): its prediction doubles
+    with it, so the predicted saving follows the replayed one round by round."""
+    fast = pl.Costs(F=0.010, I=0.010, W=0.010, unit="s")
+    slow = pl.Costs(F=0.020, I=0.020, W=0.020, unit="s")
+    bases = [_fake_run("1f1b", c, 0.0) for c in (fast, slow, slow)]
+    zbs = [_fake_run("zb-h1", c, 0.0) for c in (fast, slow, slow)]
+    check = compare.gain_check(bases, zbs)
+    assert check.predicted_saving == pytest.approx(0.040)       # per round: 0.020, 0.040, 0.040
+    assert check.predicted == pytest.approx({"base": 0.300, "new": 0.260})
+    assert check.error("replayed") == pytest.approx(0.0, abs=1e-9)
+    # The table fitted on all six runs is the medians': a mixture of fast and slow.
+    assert check.costs.F == pytest.approx([0.020, 0.020])
