@@ -12,7 +12,6 @@ import os
 import pickle
 import signal
 import traceback
-from datetime import timedelta
 
 
 def _die_with_parent() -> None:
@@ -33,14 +32,16 @@ def _pin(core: int | None) -> int | None:
         return None
 
 
-def worker_main(rank: int, world: int, port: int, conn, board_array, core: int | None,
-                group_timeout: float) -> None:
-    """Entry point of one worker (rank `rank` of `world`)."""
+def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core: int | None,
+                group_timeout: float, start_timeout: float = 120.0) -> None:
+    """Entry point of one worker (rank `rank` of `world`), called by rendezvous.BOOT; the group
+    meets through the store in directory `rendezvous` (see rendezvous.py)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
     _die_with_parent()
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
     import torch
-    import torch.distributed as dist
+
+    from .rendezvous import join_group
 
     torch.set_num_threads(1)
     pinned = _pin(core)
@@ -49,8 +50,7 @@ def worker_main(rank: int, world: int, port: int, conn, board_array, core: int |
         conn.send_bytes(pickle.dumps(message))
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=group_timeout))
+        join_group(rendezvous, rank, world, group_timeout, rendezvous_timeout=start_timeout)
         from .board import Board
         from .executor import run_rank, warm_up
         board = Board(board_array, world)
