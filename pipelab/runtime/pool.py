@@ -16,6 +16,7 @@ from . import rendezvous
 from .board import Board
 from .errors import WorkerError
 from .startup import check_can_spawn
+from .worker import worker_main
 
 POLL = 0.1   # seconds between checks of the progress board while waiting
 
@@ -41,15 +42,15 @@ class WorkerPool:
         self.procs, self.conns, self.pids, self.cores = [], [], [], [None] * ranks
         self.rendezvous = rendezvous.make_dir()
         try:
-            with _child_env(rendezvous.ENV_DIR, self.rendezvous):
+            with _child_env(rendezvous.ENV_DIR, self.rendezvous), rendezvous.die_with_parent():
                 for rank in range(ranks):
                     parent_end, child_end = ctx.Pipe(duplex=True)
                     core = cores[rank % len(cores)] if cores else None
-                    proc = ctx.Process(target=rendezvous.BOOT, name=f"pipelab-rank{rank}",
+                    proc = ctx.Process(target=worker_main, name=f"pipelab-rank{rank}",
                                        daemon=True,
-                                       args=(os.getpid(), rank, ranks, self.rendezvous,
-                                             child_end, self.board.array, core, group_timeout,
-                                             start_timeout))
+                                       args=(rank, ranks, self.rendezvous, child_end,
+                                             self.board.array, core, group_timeout,
+                                             start_timeout, os.getpid()))
                     proc.start()
                     child_end.close()
                     self.procs.append(proc)

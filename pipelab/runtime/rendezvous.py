@@ -10,56 +10,54 @@ process can take it in between). A file in a directory only the user can enter h
 problem, needs no port, and works for any number of ranks. gloo's own point-to-point sockets
 are kept on loopback by GLOO_SOCKET_IFNAME=lo.
 
-`BOOT` is the spawn target. A spawned child imports the target's module before calling it, and
-importing anything in pipelab imports torch (1-2 s, more on a loaded machine): a parent killed
-in that window would leave the child behind. So the target is a function made from source by
-`eval` in the child (pickled as a call to the builtin), which arranges to die with the parent
-(PR_SET_PDEATHSIG) and checks the parent is still the one that spawned it *before* importing
-pipelab. (A script's own top-level imports still run first, when spawn re-imports the main
-module; the parent check then catches a parent that died meanwhile.)
+A child that never outlives its parent: a spawned child first re-imports the parent's main
+script (for a script, that usually imports pipelab and torch: seconds on a loaded machine),
+then unpickles its target (importing pipelab), and only then runs worker code. A parent killed
+in that window left a worker waiting for the rendezvous for > 700 s. So `die_with_parent` puts
+two statements in front of the child's own command line (`python -c "..."`): arrange to be
+killed when the parent dies (PR_SET_PDEATHSIG), then check the parent is still the process
+that spawned it (it may have died before the first statement ran). Nothing else runs first.
+The worker repeats both once it runs (`worker.py`), in case the command line could not be
+changed, and the rendezvous is bounded in time.
 """
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
+from contextlib import contextmanager
 from datetime import timedelta
 
 STORE_FILE = "store"
 REPORT_FILE = "startup-error"        # a child that fails before it can use its pipe writes here
 ENV_DIR = "PIPELAB_RENDEZVOUS_DIR"   # set for the children while they are spawned
 
-_BOOT_SOURCE = '''
-def boot(parent_pid, *args):
-    import ctypes, os, signal
-    try:   # PR_SET_PDEATHSIG = 1: the kernel kills this process when its parent dies
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:       # the parent died before the line above took effect
-        os._exit(3)
-    from pipelab.runtime.worker import worker_main
-    worker_main(*args)
-'''
+_PACT = ("import ctypes, os; ctypes.CDLL(None, use_errno=True).prctl(1, 9); "   # 1: PDEATHSIG
+         "os.getppid() == {pid} or os._exit(3); ")                                # 9: SIGKILL
 
 
-def _make_boot():
-    namespace: dict = {}
-    exec(_BOOT_SOURCE, namespace)
-    return namespace["boot"]
+@contextmanager
+def die_with_parent():
+    """While active, processes spawned by multiprocessing (spawn start method) begin by
+    arranging to die with this process (Linux; elsewhere, or if Python builds the command line
+    differently, the command line is left alone and the worker arranges it later)."""
+    from multiprocessing import spawn
+    original = spawn.get_command_line
+    pact = _PACT.format(pid=os.getpid())
 
+    def with_pact(**kwargs):
+        cmd = original(**kwargs)
+        if sys.platform.startswith("linux") and "-c" in cmd[:-1]:
+            at = cmd.index("-c") + 1
+            cmd = cmd[:at] + [pact + cmd[at]] + cmd[at + 1:]
+        return cmd
 
-class _Boot:
-    """Pickles as `eval(...)` of a tiny source, so that unpickling it imports nothing."""
-
-    def __reduce__(self):
-        return (eval, ("(lambda ns: (exec(%r, ns), ns['boot'])[1])({})" % _BOOT_SOURCE,))
-
-    def __call__(self, *args):          # the same function, called in this process (tests)
-        return _make_boot()(*args)
-
-
-BOOT = _Boot()
+    spawn.get_command_line = with_pact
+    try:
+        yield
+    finally:
+        spawn.get_command_line = original
 
 
 def make_dir() -> str:

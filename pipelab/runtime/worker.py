@@ -33,11 +33,15 @@ def _pin(core: int | None) -> int | None:
 
 
 def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core: int | None,
-                group_timeout: float, start_timeout: float = 120.0) -> None:
-    """Entry point of one worker (rank `rank` of `world`), called by rendezvous.BOOT; the group
-    meets through the store in directory `rendezvous` (see rendezvous.py)."""
+                group_timeout: float, start_timeout: float = 120.0,
+                parent_pid: int | None = None) -> None:
+    """Entry point of one worker (rank `rank` of `world`); the group meets through the store in
+    directory `rendezvous`. The spawn command line already arranged to die with `parent_pid`
+    (rendezvous.die_with_parent); this repeats it in case it could not."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
     _die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(3)                                  # the parent died before that took effect
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
     import torch
 
