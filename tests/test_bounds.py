@@ -108,6 +108,7 @@ def test_bad_rank_labels_are_refused(text, message) -> None:
 @pytest.mark.parametrize("text", [None, b"0F0 0B0", 3])
 def test_from_text_needs_a_str(text) -> None:
     assert "text must be a str" in fast(lambda: Schedule.from_text(text))
+    assert "from_csv takes a path" in fast(lambda: Schedule.from_csv(text))
 
 
 def test_from_text_microbatches_must_be_an_int() -> None:

@@ -174,6 +174,9 @@ class Schedule:
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
                  microbatches: int | None = None, name: str | None = None) -> "Schedule":
+        if not isinstance(path_or_text, (str, Path)):
+            raise ValueError(f"from_csv takes a path or the CSV text as a str, got "
+                             f"{type(path_or_text).__name__}")
         rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
         return cls._from_rows(rows, placement, microbatches, name)
 
