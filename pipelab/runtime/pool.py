@@ -2,8 +2,8 @@
 
 Spawned (not forked: forking a process that has used OpenMP can hang the child), one thread
 each, pinned round-robin to the cores this process may use, joined in a gloo group on
-loopback through a private rendezvous directory (rendezvous.py). Each worker has its own pipe, so the parent can wait on every pipe and every
-process sentinel at once and notice a result, an error or a death immediately.
+loopback through a private rendezvous directory (rendezvous.py). Each worker has its own pipe,
+so the parent can wait on every pipe and every process sentinel at once and notice a result, an error or a death immediately.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from multiprocessing.connection import wait
 from . import rendezvous
 from .board import Board
 from .errors import WorkerError
-from .startup import check_can_spawn
+from .startup import check_can_spawn, startup_death
 from .worker import worker_main
 
 POLL = 0.1   # seconds between checks of the progress board while waiting
@@ -42,7 +42,7 @@ class WorkerPool:
         self.procs, self.conns, self.pids, self.cores = [], [], [], [None] * ranks
         self.rendezvous = rendezvous.make_dir()
         try:
-            with _child_env(rendezvous.ENV_DIR, self.rendezvous), rendezvous.die_with_parent():
+            with rendezvous.spawning(self.rendezvous):
                 for rank in range(ranks):
                     parent_end, child_end = ctx.Pipe(duplex=True)
                     core = cores[rank % len(cores)] if cores else None
@@ -143,34 +143,6 @@ class WorkerPool:
             conn.close()
         self.procs, self.conns = [], []
         rendezvous.remove_dir(getattr(self, "rendezvous", None))
-
-
-class _child_env:
-    """Set an environment variable while children are spawned (they inherit it), then restore."""
-
-    def __init__(self, name: str, value: str):
-        self.name, self.value = name, value
-
-    def __enter__(self) -> None:
-        self.old = os.environ.get(self.name)
-        os.environ[self.name] = self.value
-
-    def __exit__(self, *exc) -> None:
-        if self.old is None:
-            os.environ.pop(self.name, None)
-        else:
-            os.environ[self.name] = self.old
-
-
-def startup_death(death: str, reason: str) -> str:
-    """The message for a worker that died before it was ready: its own first error line when it
-    left one, else where to look."""
-    if reason:
-        return f"{death} while starting: {reason.splitlines()[0]}"
-    return (f"{death} while starting, before it could report an error (its traceback, if any, "
-            f"is on this process's stderr). A worker first re-imports the main script: does it "
-            f"run at the top level something that fails or starts workers there, outside "
-            f'`if __name__ == "__main__":`?')
 
 
 def _death(rank: int, code: int) -> str:

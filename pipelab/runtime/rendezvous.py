@@ -60,6 +60,23 @@ def die_with_parent():
         spawn.get_command_line = original
 
 
+@contextmanager
+def spawning(directory: str):
+    """While workers for the rendezvous in `directory` are spawned: they die with this process
+    from their first statement, and find `directory` in their environment (ENV_DIR) to leave a
+    reason there if they fail before their pipe works."""
+    old = os.environ.get(ENV_DIR)
+    os.environ[ENV_DIR] = directory
+    try:
+        with die_with_parent():
+            yield
+    finally:
+        if old is None:
+            os.environ.pop(ENV_DIR, None)
+        else:
+            os.environ[ENV_DIR] = old
+
+
 def make_dir() -> str:
     """A fresh private directory for one pool's rendezvous file."""
     return tempfile.mkdtemp(prefix="pipelab-rdv-")

@@ -53,6 +53,17 @@ def check_can_spawn() -> None:
                            f"main script, so every worker would start it again: {GUARD_HINT}")
 
 
+def startup_death(death: str, reason: str) -> str:
+    """The message for a worker that died before it was ready: its own first error line when it
+    left one (rendezvous.read_startup_error), else where to look."""
+    if reason:
+        return f"{death} while starting: {reason.splitlines()[0]}"
+    return (f"{death} while starting, before it could report an error (its traceback, if any, "
+            f"is on this process's stderr). A worker first re-imports the main script: does it "
+            f"run at the top level something that fails or starts workers there, outside "
+            f'`if __name__ == "__main__":`?')
+
+
 def _unguarded_call_line(main, path: str) -> int | None:
     """The line of the main script's top-level code that is starting workers, if that line is
     not under an `if __name__ == "__main__":` (None when unknown or guarded)."""
