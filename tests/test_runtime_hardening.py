@@ -135,8 +135,9 @@ def test_no_worker_outlives_a_killed_parent(tmp_path, mode, wait_for, delay) -> 
     script = tmp_path / "parent.py"
     script.write_text(PARENT)
     tag = f"PIPELAB_TEST_TAG={uuid.uuid4().hex}"
-    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1],
+    env = {**os.environ, tag.split("=")[0]: tag.split("=")[1], "TMPDIR": str(tmp_path),
            "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    # TMPDIR: the rendezvous directory a killed parent cannot remove is left in tmp_path.
     parent = subprocess.Popen([sys.executable, str(script), mode], stdout=subprocess.PIPE,
                               stderr=subprocess.DEVNULL, env=env, text=True)
     try:
