@@ -228,3 +228,12 @@ def test_a_worker_that_fails_while_starting_gives_its_reason(tmp_path) -> None:
     assert "WorkerError" in last and "while starting: the main script creates a LocalCluster" \
         in last, done.stderr
     assert not tagged(tag)
+
+
+def test_a_package_main_is_not_refused(tmp_path) -> None:
+    """`python -m package`: spawn does not re-import a package's __main__, so no guard is needed."""
+    (tmp_path / "pkgx").mkdir()
+    (tmp_path / "pkgx" / "__init__.py").write_text("")
+    (tmp_path / "pkgx" / "__main__.py").write_text(USE + "cluster.close()\n")
+    done, _, _ = _python(["-m", "pkgx"], cwd=tmp_path)
+    assert done.returncode == 0, done.stderr

@@ -38,6 +38,9 @@ def check_can_spawn() -> None:
         report_startup_error(message)
         raise StartupError(message)
     main = sys.modules.get("__main__")
+    spec_name = getattr(getattr(main, "__spec__", None), "name", None)
+    if spec_name is not None and (spec_name == "__main__" or spec_name.endswith(".__main__")):
+        return              # python -m package: spawn does not re-import a package's __main__
     path = getattr(main, "__file__", None)
     if path is None:
         return              # a notebook, an interactive session, python -c: nothing re-imported
