@@ -3,7 +3,8 @@
 Spawned (not forked: forking a process that has used OpenMP can hang the child), one thread
 each, pinned round-robin to the cores this process may use, joined in a gloo group on
 loopback through a private rendezvous directory (rendezvous.py). Each worker has its own pipe,
-so the parent can wait on every pipe and every process sentinel at once and notice a result, an error or a death immediately.
+so the parent can wait on every pipe and every process sentinel at once and notice a result,
+an error or a death immediately.
 """
 from __future__ import annotations
 
