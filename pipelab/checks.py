@@ -25,3 +25,43 @@ def positive_number(name: str, value, what: str = "number") -> float:
             or not math.isfinite(value):
         raise ValueError(f"{name} must be a positive {what}, got {value!r}")
     return float(value)
+
+
+# Sizes beyond which a request is refused up front: far above anything a notebook or a test
+# needs, far below what would exhaust memory or run for minutes before saying anything.
+MAX_RANKS = 8192
+MAX_STAGES = 65536
+MAX_MICROBATCHES = 1_000_000
+MAX_ACTIONS = 4_000_000          # compute actions in one schedule
+MAX_LOCAL_RANKS = 256            # worker processes of one LocalCluster
+SEED_RANGE = (-2**63, 2**64)     # what torch.Generator.manual_seed accepts: [low, high)
+
+
+def at_most(name: str, value: int, limit: int, why: str = "") -> int:
+    """`value` if it is <= `limit`; else ValueError naming `name` and the limit."""
+    if value > limit:
+        raise ValueError(f"{name}={_short(value)} is above the limit of {limit:,}"
+                         + (f" ({why})" if why else ""))
+    return value
+
+
+def seed(name: str, value, low: int = SEED_RANGE[0], high: int = SEED_RANGE[1],
+         why: str = "torch's generators take 64-bit seeds") -> int:
+    """`value` if it is an integer in [low, high); else ValueError naming `name`."""
+    integer(name, value)
+    if not low <= value < high:
+        raise ValueError(f"{name}={_short(value)} is out of range: it must be an integer in "
+                         f"[{low}, {high}) ({why})")
+    return value
+
+
+def boolean(name: str, value) -> bool:
+    """`value` if it is True or False (not "no", not 0); else ValueError naming `name`."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {_short(value)}")
+    return value
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-from .checks import integer, positive_int
+from .checks import positive_int, seed as check_seed
 
 #: Every symbol the tokenizer knows: newline, space, punctuation, digits, lowercase letters.
 ALPHABET = "\n " + "!'(),-.:;=?*+/" + string.digits + string.ascii_lowercase
@@ -83,7 +83,7 @@ def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
     if seed is not None and generator is not None:
         raise ValueError("pass seed or generator, not both")
     if seed is not None:
-        generator = torch.Generator().manual_seed(integer("seed", seed))
+        generator = torch.Generator().manual_seed(check_seed("seed", seed))
     data = corpus_tokens(split, path)
     if seq_len + 1 > len(data):
         raise ValueError(f"seq_len {seq_len} is longer than the {split} corpus ({len(data)} tokens)")

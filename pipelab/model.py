@@ -14,8 +14,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .checks import integer, positive_int
+from .checks import positive_int, seed as check_seed
 from .weight_grad import Linear
+
+
+LAYER_SEED_STRIDE = 1_000_003
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,12 @@ class ModelConfig:
             positive_int(f"ModelConfig.{name}", getattr(self, name))
         if self.d_ff is not None:
             positive_int("ModelConfig.d_ff", self.d_ff)      # or None, meaning 4 * d_model
-        integer("ModelConfig.seed", self.seed)
+        # Each layer draws its weights from seed * LAYER_SEED_STRIDE + layer index, which
+        # torch's generator must accept (64 bits): bound the seed so every derived one fits.
+        check_seed("ModelConfig.seed", self.seed, -(2**63 // LAYER_SEED_STRIDE),
+                   (2**64 - self.total_layers) // LAYER_SEED_STRIDE + 1,
+                   f"layer i's weights are seeded with seed × {LAYER_SEED_STRIDE} + i, "
+                   f"which must fit in 64 bits")
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"ModelConfig.tie_embeddings must be True or False, "
                              f"got {self.tie_embeddings!r}")
@@ -57,7 +65,7 @@ class ModelConfig:
 
 def _layer_generator(cfg: ModelConfig, index: int) -> torch.Generator:
     # A per-layer stream makes weights independent of which other layers are built.
-    return torch.Generator().manual_seed(cfg.seed * 1_000_003 + index)
+    return torch.Generator().manual_seed(cfg.seed * LAYER_SEED_STRIDE + index)
 
 
 def _init_params(module: nn.Module, gen: torch.Generator, std: float = 0.02) -> None:

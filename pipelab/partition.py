@@ -8,6 +8,7 @@ stages per rank simply asks for `stages = ranks * chunks`.
 """
 from __future__ import annotations
 
+import operator
 import re
 import statistics
 import time
@@ -30,7 +31,7 @@ class Partition:
     def __init__(self, cfg: ModelConfig, bounds: Sequence[tuple[int, int]], method: str,
                  batch_size: int = 1, layer_times: Sequence[float] | None = None):
         self.cfg = cfg
-        self.bounds = [(int(a), int(b)) for a, b in bounds]
+        self.bounds = [_layer_range(b) for b in bounds]
         self.method = method
         self.batch_size = batch_size
         _check_bounds(cfg, self.bounds)
@@ -143,6 +144,16 @@ def _check_stages(cfg: ModelConfig, stages: int) -> None:
             f"must be <= {cfg.total_layers}")
 
 
+def _layer_range(bound) -> tuple[int, int]:
+    """(start, stop) as ints; a float or anything else is refused, never truncated."""
+    try:
+        start, stop = bound
+        return operator.index(start), operator.index(stop)
+    except (TypeError, ValueError):
+        raise ValueError(f"each stage must be a (start, stop) pair of integer layer indices, "
+                         f"got {bound!r}") from None
+
+
 def _check_bounds(cfg: ModelConfig, bounds: list[tuple[int, int]]) -> None:
     """Stages must be non-empty, contiguous, in order, and cover every layer exactly once."""
     covered = [i for a, b in bounds for i in range(a, b)]
@@ -212,7 +223,12 @@ def parse_layout(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
     if not isinstance(layout, str) or not ("|" in layout or set(layout) <= _LAYOUT_CHARS):
         raise ValueError(f"unknown partition method {layout!r}: use one of {', '.join(METHODS)} "
                          f"or a layout such as 'E|t*3|t*3|L'")
+    short = repr(layout) if len(layout) <= 60 else repr(layout[:57] + "...")
+    if layout.count("|") >= cfg.total_layers:
+        raise ValueError(f"layout {short} has {layout.count('|') + 1} stages but the model has "
+                         f"only {cfg.total_layers} layers (every stage needs one)")
     kinds: list[list[str]] = []           # per stage, "E" / "t" / "L" for each layer in order
+    blocks = 0
     for s, text in enumerate(layout.split("|")):
         stage: list[str] = []
         pos = _SEPARATORS.match(text).end()
@@ -220,26 +236,28 @@ def parse_layout(cfg: ModelConfig, layout: str) -> list[tuple[int, int]]:
             match = _TOKEN.match(text, pos)
             if not match:
                 token = re.match(r"[^+\s,]+", text[pos:]).group()
-                raise ValueError(f"layout {layout!r}: unknown token {token!r} in stage {s} "
+                raise ValueError(f"layout {short}: unknown token {token!r} in stage {s} "
                                  f"(use E, L, t or t*N)")
-            kind, count = match.group(1), int(match.group(2) or 1)
+            kind, digits = match.group(1), match.group(2) or "1"
+            count = int(digits) if len(digits) <= 18 else 10**18
             if count < 1 or (kind != "t" and match.group(2)):
-                raise ValueError(f"layout {layout!r}: bad count in {match.group()!r} in stage {s} "
+                raise ValueError(f"layout {short}: bad count in {match.group()!r} in stage {s} "
                                  f"(only t takes a count, and it must be >= 1)")
-            stage += [kind] * count
+            blocks += count if kind == "t" else 0
+            # Counted, not listed, once there are too many: "t*99999999999" must not fill memory.
+            stage += [kind] * (count if blocks <= cfg.n_layers else 1)
             pos = _SEPARATORS.match(text, match.end()).end()
         if not stage:
-            raise ValueError(f"layout {layout!r}: stage {s} is empty (every stage needs a layer)")
+            raise ValueError(f"layout {short}: stage {s} is empty (every stage needs a layer)")
         kinds.append(stage)
     flat = [k for stage in kinds for k in stage]
-    blocks = flat.count("t")
     if blocks != cfg.n_layers:
-        raise ValueError(f"layout {layout!r} has {blocks} blocks but the model has "
+        raise ValueError(f"layout {short} has {blocks} blocks but the model has "
                          f"{cfg.n_layers} (n_layers={cfg.n_layers})")
     if flat.count("E") != 1 or flat[0] != "E":
-        raise ValueError(f"layout {layout!r}: E (the embedding, layer 0) must appear exactly once, first")
+        raise ValueError(f"layout {short}: E (the embedding, layer 0) must appear exactly once, first")
     if flat.count("L") != 1 or flat[-1] != "L":
-        raise ValueError(f"layout {layout!r}: L (the head and loss, the last layer) must appear "
+        raise ValueError(f"layout {short}: L (the head and loss, the last layer) must appear "
                          f"exactly once, last")
     bounds, start = [], 0
     for stage in kinds:

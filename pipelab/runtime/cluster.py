@@ -15,7 +15,7 @@ import atexit
 import time
 import weakref
 
-from ..checks import positive_int
+from ..checks import MAX_LOCAL_RANKS, at_most, positive_int
 from ..schedules import comm_plan
 from .board import DONE, RECV, RUN
 from .errors import WorkerError
@@ -43,7 +43,8 @@ class LocalCluster:
     """
 
     def __init__(self, ranks: int, timeout: float = 30.0, pin: bool = True, start: bool = True):
-        self.ranks = positive_int("ranks", ranks)
+        self.ranks = at_most("ranks", positive_int("ranks", ranks), MAX_LOCAL_RANKS,
+                             "each rank is a process of its own")
         self.timeout = check_timeout(timeout)
         self.pin = pin
         self._pool: WorkerPool | None = None
@@ -165,6 +166,7 @@ class LocalCluster:
     def _collect(self, spec, timeout: float, progress: bool) -> list[dict]:
         pool = self._pool
         pool.board.reset()
+        sent = pool.board.read()[0].since     # a rank still at this time never got the run
         pool.broadcast("run", spec)
         bar = None
         if progress and spec.steps > 1:
@@ -196,7 +198,7 @@ class LocalCluster:
                 active = [s for s in states if s.state != DONE]
                 if active and all(now - s.since > timeout for s in active):
                     plan = plan or comm_plan(spec.schedule)
-                    error = diagnose(states, spec.schedule, plan, timeout, now)
+                    error = diagnose(states, spec.schedule, plan, timeout, now, sent)
                     if error is not None:
                         raise error
         finally:

@@ -2,28 +2,24 @@
 
 Spawned (not forked: forking a process that has used OpenMP can hang the child), one thread
 each, pinned round-robin to the cores this process may use, joined in a gloo group on
-127.0.0.1. Each worker has its own pipe, so the parent can wait on every pipe and every
-process sentinel at once and notice a result, an error or a death immediately.
+loopback through a private rendezvous directory (rendezvous.py). Each worker has its own pipe,
+so the parent can wait on every pipe and every process sentinel at once and notice a result,
+an error or a death immediately.
 """
 from __future__ import annotations
 
 import os
 import pickle
-import socket
 import time
 from multiprocessing.connection import wait
 
+from . import rendezvous
 from .board import Board
 from .errors import WorkerError
+from .startup import check_can_spawn, startup_death
 from .worker import worker_main
 
 POLL = 0.1   # seconds between checks of the progress board while waiting
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def usable_cores() -> list[int]:
@@ -38,24 +34,28 @@ class WorkerPool:
     def __init__(self, ranks: int, pin: bool = True, group_timeout: float = 600.0,
                  start_timeout: float = 120.0):
         import torch.multiprocessing as tmp
+        check_can_spawn()
         ctx = tmp.get_context("spawn")
         self.ranks = ranks
         self.board = Board.create(ctx, ranks)
         self.board.reset()
         cores = usable_cores() if pin else []
         self.procs, self.conns, self.pids, self.cores = [], [], [], [None] * ranks
-        port = free_port()
+        self.rendezvous = rendezvous.make_dir()
         try:
-            for rank in range(ranks):
-                parent_end, child_end = ctx.Pipe(duplex=True)
-                core = cores[rank % len(cores)] if cores else None
-                proc = ctx.Process(target=worker_main, name=f"pipelab-rank{rank}", daemon=True,
-                                   args=(rank, ranks, port, child_end, self.board.array, core,
-                                         group_timeout))
-                proc.start()
-                child_end.close()
-                self.procs.append(proc)
-                self.conns.append(parent_end)
+            with rendezvous.spawning(self.rendezvous):
+                for rank in range(ranks):
+                    parent_end, child_end = ctx.Pipe(duplex=True)
+                    core = cores[rank % len(cores)] if cores else None
+                    proc = ctx.Process(target=worker_main, name=f"pipelab-rank{rank}",
+                                       daemon=True,
+                                       args=(rank, ranks, self.rendezvous, child_end,
+                                             self.board.array, core, group_timeout,
+                                             start_timeout, os.getpid()))
+                    proc.start()
+                    child_end.close()
+                    self.procs.append(proc)
+                    self.conns.append(parent_end)
             self.pids = [p.pid for p in self.procs]
             self._wait_ready(start_timeout)
         except BaseException:
@@ -74,10 +74,18 @@ class WorkerPool:
                 elif message[0] == "error":
                     raise WorkerError(f"rank {rank} failed to start:\n{message[2]}", rank,
                                       traceback=message[2])
-            self.check_alive()
+            self._check_started()
             if time.monotonic() > deadline:
                 raise WorkerError(f"ranks {sorted(waiting)} did not start within "
                                   f"{start_timeout:g} s")
+
+    def _check_started(self) -> None:
+        """check_alive while starting: a death then gets the worker's own reason when known."""
+        try:
+            self.check_alive()
+        except WorkerError as err:
+            raise WorkerError(startup_death(str(err), rendezvous.read_startup_error(
+                self.rendezvous)), err.rank, exitcode=err.exitcode) from None
 
     # --- messages -------------------------------------------------------------------------------
     def send(self, rank: int, command: str, payload=None) -> None:
@@ -135,6 +143,7 @@ class WorkerPool:
         for conn in self.conns:
             conn.close()
         self.procs, self.conns = [], []
+        rendezvous.remove_dir(getattr(self, "rendezvous", None))
 
 
 def _death(rank: int, code: int) -> str:

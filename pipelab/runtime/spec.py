@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..checks import integer, positive_int, positive_number
+from ..checks import boolean, positive_int, positive_number, seed as check_seed
 from ..data import VOCAB_SIZE
 from ..model import ModelConfig
 from ..partition import Partition, partition as make_partition
@@ -108,7 +108,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     if batch_size % m:
         raise ValueError(f"batch_size={batch_size} does not split into {m} microbatches: "
                          f"batch_size must be a multiple of microbatches (e.g. {2 * m})")
-    integer("seed", seed)
+    check_seed("seed", seed)
+    boolean("check", check)
     positive_int("steps", steps)
     positive_number("lr", lr)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),

@@ -41,9 +41,21 @@ def _already_ran(sender: RankState, producer, plan, step: int) -> bool:
         (sender.step == step and sender.position > index)
 
 
-def describe(state: RankState, plan, now: float) -> str:
+GRID_WINDOW = 4     # steps of the grid shown either side of the stuck ones
+
+
+def never_started(state: RankState, sent: float | None) -> bool:
+    """The rank has not received the run: it is still in the SETUP state the parent wrote when
+    it sent the run (at `sent`); a worker that gets the run writes SETUP again, at a later time."""
+    return sent is not None and state.state == SETUP and state.since == sent
+
+
+def describe(state: RankState, plan, now: float, sent: float | None = None) -> str:
     """One line saying what a rank is doing and for how long."""
     r, dt, acts = state.rank, now - state.since, plan[state.rank]
+    if never_started(state, sent):
+        return (f"rank {r} has not received the run yet ({dt:.1f} s after it was sent): its "
+                f"worker is busy or blocked outside the pipeline")
     if state.state == RECV:
         t = _transfer(state, plan)
         return (f"rank {r} waits in {acts[state.position].action} (its step {state.position}) "
@@ -62,8 +74,11 @@ def describe(state: RankState, plan, now: float) -> str:
 
 
 def diagnose(states: list[RankState], schedule, plan, timeout: float,
-             now: float) -> PipelineTimeout | None:
-    """A PipelineTimeout if some rank has not moved for more than `timeout` seconds."""
+             now: float, sent: float | None = None) -> PipelineTimeout | None:
+    """A PipelineTimeout if some rank has not moved for more than `timeout` seconds.
+
+    `sent`: when the parent sent the run (the board's reset time), to tell a rank that never
+    received it. The message shows the grid only around the stuck steps."""
     stuck = [s for s in states if s.state != DONE and now - s.since > timeout]
     if not stuck:
         return None
@@ -96,9 +111,13 @@ def diagnose(states: list[RankState], schedule, plan, timeout: float,
         if culprit.position < len(schedule.actions[culprit.rank]) else None
     transfer = _transfer(culprit, plan) if culprit.state == RECV else None
     waited = now - culprit.since
-    lines = [describe(s, plan, now) for s in states]
-    head = (f"pipeline timed out: rank {culprit.rank} made no progress for {waited:.1f} s "
-            f"(timeout {timeout:g} s) in {action if action is not None else 'its step'}")
+    lines = [describe(s, plan, now, sent) for s in states]
+    if never_started(culprit, sent):
+        head = (f"pipeline timed out: rank {culprit.rank} has not received the run yet, "
+                f"{waited:.1f} s after it was sent (timeout {timeout:g} s)")
+    else:
+        head = (f"pipeline timed out: rank {culprit.rank} made no progress for {waited:.1f} s "
+                f"(timeout {timeout:g} s) in {action if action is not None else 'its step'}")
     if transfer is not None:
         head += f", waiting for the {transfer.what} {transfer.producer}->{transfer.consumer} " \
                 f"from rank {transfer.src}"
@@ -112,7 +131,8 @@ def diagnose(states: list[RankState], schedule, plan, timeout: float,
                  f"which rank {absent} has not reached")
     marks = [(s.rank, s.position) for s in states
              if s.state in (RECV, RUN) and s.position < len(schedule.actions[s.rank])]
-    grid = schedule.grid(mark=marks, window=6 if len(schedule) > 400 else None)
+    grid = schedule.grid(mark=marks, window=GRID_WINDOW) if marks else \
+        "(grid omitted: no rank is inside an action; print the schedule to see it)"
     message = "\n".join([head + ".", f"In training step {culprit.step}:"] +
                         [f"  {line}" for line in lines] +
                         ["The workers were stopped; the next run starts fresh ones.", "", grid])

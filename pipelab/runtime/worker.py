@@ -13,7 +13,6 @@ import os
 import pickle
 import signal
 import traceback
-from datetime import timedelta
 
 
 def _die_with_parent() -> None:
@@ -34,14 +33,20 @@ def _pin(core: int | None) -> int | None:
         return None
 
 
-def worker_main(rank: int, world: int, port: int, conn, board_array, core: int | None,
-                group_timeout: float) -> None:
-    """Entry point of one worker (rank `rank` of `world`)."""
+def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core: int | None,
+                group_timeout: float, start_timeout: float = 120.0,
+                parent_pid: int | None = None) -> None:
+    """Entry point of one worker (rank `rank` of `world`); the group meets through the store in
+    directory `rendezvous`. The spawn command line already arranged to die with `parent_pid`
+    (rendezvous.die_with_parent); this repeats it in case it could not."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
     _die_with_parent()
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(3)                                  # the parent died before that took effect
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
     import torch
-    import torch.distributed as dist
+
+    from .rendezvous import join_group
 
     torch.set_num_threads(1)
     pinned = _pin(core)
@@ -50,8 +55,7 @@ def worker_main(rank: int, world: int, port: int, conn, board_array, core: int |
         conn.send_bytes(pickle.dumps(message))
 
     try:
-        dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                                world_size=world, timeout=timedelta(seconds=group_timeout))
+        join_group(rendezvous, rank, world, group_timeout, rendezvous_timeout=start_timeout)
         from .board import Board
         from .calls import run_call
         from .executor import run_rank, warm_up

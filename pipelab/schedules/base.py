@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import csv
 import io
+import operator
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
 from .actions import Action
 
 IDLE_MARKS = {".", "-", "_"}
@@ -124,28 +127,41 @@ class Schedule:
     @classmethod
     def from_text(cls, text: str, *, placement: Sequence[int] | None = None,
                   microbatches: int | None = None, name: str | None = None) -> "Schedule":
-        """Read one line per rank (`0F0 0F1 0B0 ...`); an optional `rank 1:` prefix is allowed.
+        """Read one line per rank (`0F0 0F1 0B0 ...`), in rank order, or every line labelled
+        `rank N:` (then each line goes to its labelled rank, in any order; every rank from 0
+        up must have exactly one line).
 
         Stages, placement and microbatch count are inferred unless given (or unless the
         `# name=... microbatches=... placement=...` header written by `to_text` is present).
         """
+        if not isinstance(text, str):
+            raise ValueError(f"text must be a str (one line per rank), got {type(text).__name__}")
         rows: list[list[Action]] = []
-        for raw in text.splitlines():
+        labels: list[int | None] = []
+        for number, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
             if line.startswith("#"):
                 meta = dict(tok.split("=", 1) for tok in line[1:].split() if "=" in tok)
                 name = name or meta.get("name")
-                if microbatches is None and "microbatches" in meta:
-                    microbatches = int(meta["microbatches"])
-                if placement is None and "placement" in meta:
-                    placement = [int(r) for r in meta["placement"].split(",")]
+                try:
+                    if microbatches is None and "microbatches" in meta:
+                        microbatches = int(meta["microbatches"])
+                    if placement is None and "placement" in meta:
+                        placement = [int(r) for r in meta["placement"].split(",")]
+                except ValueError:
+                    raise ValueError(f"line {number}: cannot read the header {_clip(line)!r}: "
+                                     f"expected microbatches=<int> placement=<int>,<int>,...") \
+                        from None
                 continue
             if not line:
                 continue
+            label = None
             if ":" in line:
-                line = line.split(":", 1)[1]
+                head, line = line.split(":", 1)
+                label = _rank_label(head, number)
             rows.append(_parse_cells(line.replace(",", " ").split()))
-        return cls._from_rows(rows, placement, microbatches, name)
+            labels.append((label, number))
+        return cls._from_rows(_order_rows(rows, labels), placement, microbatches, name)
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """One row per rank, one cell per action (PyTorch's pipeline CSV layout)."""
@@ -161,14 +177,32 @@ class Schedule:
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
                  microbatches: int | None = None, name: str | None = None) -> "Schedule":
+        if not isinstance(path_or_text, (str, Path)):
+            raise ValueError(f"from_csv takes a path or the CSV text as a str, got "
+                             f"{type(path_or_text).__name__}")
         rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
         return cls._from_rows(rows, placement, microbatches, name)
 
     @classmethod
     def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":
+        at_most("ranks", len(rows), MAX_RANKS)
         all_actions = [a for row in rows for item in row for a in item.parts]
+        at_most("actions", len(all_actions), MAX_ACTIONS)
         if not all_actions:
             raise ValueError("the schedule has no actions")
+        if microbatches is not None:
+            at_most("microbatches", positive_int("microbatches", microbatches), MAX_MICROBATCHES)
+        if placement is not None:
+            placement = _placement(placement, len(rows))
+        top_stage = max(a.stage for a in all_actions)
+        if top_stage >= MAX_STAGES:
+            raise ValueError(f"action {_first(all_actions, lambda a: a.stage == top_stage)} "
+                             f"names stage {top_stage}, above the limit of {MAX_STAGES:,} stages")
+        top_microbatch = max(a.microbatch for a in all_actions)
+        if top_microbatch >= MAX_MICROBATCHES:
+            raise ValueError(
+                f"action {_first(all_actions, lambda a: a.microbatch == top_microbatch)} names "
+                f"microbatch {top_microbatch}, above the limit of {MAX_MICROBATCHES:,}")
         if placement is None:
             from .kinds import KIND_SPECS
             owner: dict[int, int] = {}
@@ -183,10 +217,11 @@ class Schedule:
             n_stages = max(owner) + 1
             missing = [s for s in range(n_stages) if s not in owner]
             if missing:
-                raise ValueError(f"stage(s) {missing} appear on no rank; pass placement=[...]")
+                raise ValueError(f"stage(s) {_listed(missing)} appear on no rank; "
+                                 f"pass placement=[...]")
             placement = [owner[s] for s in range(n_stages)]
         if microbatches is None:
-            microbatches = max(a.microbatch for a in all_actions) + 1
+            microbatches = top_microbatch + 1
         return cls(rows, tuple(placement), microbatches, name or "custom")
 
     # --- display -----------------------------------------------------------------------------
@@ -217,3 +252,63 @@ def _csv_text(path_or_text: str | Path) -> str:
 
 def _parse_cells(cells: Iterable[str]) -> list[Action]:
     return [Action.parse(c) for c in (c.strip() for c in cells) if c and c not in IDLE_MARKS]
+
+
+_LABEL = re.compile(r"^\s*rank\s*(\d{1,9})\s*$", re.IGNORECASE)
+
+
+def _rank_label(head: str, number: int) -> int:
+    match = _LABEL.match(head)
+    if not match:
+        raise ValueError(f"line {number}: cannot read the label {_clip(head)!r}: a line may start "
+                         f"with 'rank N:' and nothing else")
+    return int(match.group(1))
+
+
+def _order_rows(rows: list, labels: list) -> list:
+    """Rows in rank order: as written when no line is labelled, else by their `rank N:` labels
+    (`labels` holds (label or None, line number) per row),
+    which must then label every line and name each rank 0..R-1 exactly once."""
+    if all(label is None for label, _ in labels):
+        return rows
+    unlabelled = [number for label, number in labels if label is None]
+    if unlabelled:
+        raise ValueError(f"some lines are labelled 'rank N:' and some are not (line "
+                         f"{unlabelled[0]} is not): label every line or none")
+    by_rank: dict[int, list] = {}
+    for (label, number), row in zip(labels, rows):
+        if label in by_rank:
+            raise ValueError(f"line {number}: rank {label} has a line already: label each rank "
+                             f"once")
+        by_rank[label] = row
+    missing = [r for r in range(len(rows)) if r not in by_rank]
+    if missing:
+        raise ValueError(f"the lines are labelled rank {_listed(sorted(by_rank))}: rank "
+                         f"{missing[0]} has no line (ranks are numbered 0..{len(rows) - 1}, "
+                         f"one line each)")
+    return [by_rank[r] for r in range(len(rows))]
+
+
+def _placement(placement, ranks: int) -> list[int]:
+    try:
+        values = list(placement)
+        at_most("placement (stages)", len(values), MAX_STAGES)
+        return [operator.index(r) for r in values]
+    except TypeError:
+        raise ValueError(f"placement must be a list of integer ranks, one per stage, got "
+                         f"{_clip(repr(placement))}") from None
+
+
+def _listed(values: list, shown: int = 8) -> str:
+    """`[0, 1, 2]`, or `[0, 1, ..., 7] (3,000,000 in all)` for a long list: messages stay short."""
+    if len(values) <= shown:
+        return str(list(values))
+    return f"[{', '.join(map(str, values[:shown]))}, ...] ({len(values):,} in all)"
+
+
+def _first(actions, test) -> str:
+    return str(next(a for a in actions if test(a)))
+
+
+def _clip(text: str, limit: int = 60) -> str:
+    return text if len(text) <= limit else text[:limit - 3] + "..."

@@ -4,7 +4,7 @@ from __future__ import annotations
 import inspect
 from typing import Callable
 
-from ..checks import positive_int
+from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
 from .gcpause import without_gc
 
 SCHEDULES: dict[str, Callable] = {}
@@ -22,8 +22,14 @@ def schedule(name: str, ranks: int, microbatches: int, **options):
     """Build, validate and return the named schedule."""
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; registered schedules: {', '.join(SCHEDULES)}")
-    positive_int("ranks", ranks)
-    positive_int("microbatches", microbatches)
+    at_most("ranks", positive_int("ranks", ranks), MAX_RANKS)
+    at_most("microbatches", positive_int("microbatches", microbatches), MAX_MICROBATCHES)
+    chunks = options.get("chunks", 1)
+    if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 0:
+        at_most("ranks × chunks (stages)", ranks * chunks, MAX_STAGES)
+        # Every stage runs a forward and a backward (up to three actions) per microbatch.
+        at_most("ranks × chunks × microbatches", ranks * chunks * microbatches,
+                MAX_ACTIONS // 3, "the schedule would hold too many actions")
     generator = SCHEDULES[name]
     accepted = set(inspect.signature(generator).parameters) - {"ranks", "microbatches"}
     unknown = set(options) - accepted

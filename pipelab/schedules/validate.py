@@ -7,10 +7,14 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from .actions import NO_MICROBATCH, Action
 from .gcpause import without_gc
 from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
 from .kinds import KIND_SPECS, KINDS
+
+
+GRID_MAX_RANKS = 64      # an error message prints the grid only up to this many columns
 
 
 class ScheduleError(ValueError):
@@ -20,7 +24,10 @@ class ScheduleError(ValueError):
         self.problem = problem
         self.mark = list(mark)
         text = problem
-        if schedule is not None:
+        if schedule is not None and schedule.ranks > GRID_MAX_RANKS:
+            text += (f"\n\n(grid omitted: {schedule.ranks} ranks are too many columns to print; "
+                     f"marked: {', '.join(f'rank {r} step {i}' for r, i in self.mark[:4])})")
+        elif schedule is not None:
             text += "\n\n" + schedule.grid(mark=self.mark, window=6 if len(schedule) > 400 else None)
         super().__init__(text)
 
@@ -42,15 +49,26 @@ def validate(schedule) -> list:
 def _check_shape(s) -> None:
     if s.ranks < 1:
         raise ScheduleError("a schedule needs at least one rank")
+    if isinstance(s.microbatches, bool) or not isinstance(s.microbatches, int):
+        raise ScheduleError(f"microbatches must be an integer, got {s.microbatches!r}")
     if s.microbatches < 1:
         raise ScheduleError(f"microbatches must be at least 1, got {s.microbatches}")
+    for what, value, limit in (("ranks", s.ranks, MAX_RANKS), ("stages", s.stages, MAX_STAGES),
+                               ("microbatches", s.microbatches, MAX_MICROBATCHES),
+                               ("actions", len(s), MAX_ACTIONS)):
+        if value > limit:           # no grid: it would be as large as the problem
+            raise ScheduleError(f"the schedule has {value:,} {what}, above the limit of "
+                                f"{limit:,}")
     bad = [(st, r) for st, r in enumerate(s.placement) if not 0 <= r < s.ranks]
     if bad:
         raise ScheduleError(f"stage {bad[0][0]} is placed on rank {bad[0][1]}, "
                             f"but there are only {s.ranks} ranks")
-    idle = [r for r in range(s.ranks) if not s.stages_of(r)]
+    owners = set(s.placement)                    # one pass: stages_of per rank is quadratic
+    idle = [r for r in range(s.ranks) if r not in owners]
     if idle:
-        raise ScheduleError(f"rank {idle[0]} owns no stage (placement {list(s.placement)})")
+        shown = list(s.placement) if len(s.placement) <= 16 else \
+            f"{list(s.placement[:16])[:-1]}, ...] ({len(s.placement)} stages)"
+        raise ScheduleError(f"rank {idle[0]} owns no stage (placement {shown})")
 
 
 def _check_actions(s) -> dict[Action, tuple[int, int]]:
@@ -60,8 +78,11 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
     collective_seen: dict[Action, dict[int, int]] = defaultdict(dict)
     specs = KIND_SPECS
     m = s.microbatches
+    own_by_rank: list[set[int]] = [set() for _ in range(s.ranks)]
+    for stage, owner in enumerate(s.placement):  # one pass: stages_of per rank is quadratic
+        own_by_rank[owner].add(stage)
     for rank, acts in enumerate(s.actions):
-        own = set(s.stages_of(rank))
+        own = own_by_rank[rank]
         for index, item in enumerate(acts):
             if type(item) is Action:         # the common case first, kept tight
                 spec = specs.get(item[1])
