@@ -65,7 +65,9 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
             for a in item.parts:
                 spec = specs.get(a[1])
                 if spec is not None and spec.members is None and a.stage in own \
-                        and 0 <= a.microbatch < s.microbatches and a not in seen:
+                        and (0 <= a.microbatch < s.microbatches or
+                             (a.microbatch == NO_MICROBATCH and not spec.per_microbatch)) \
+                        and a not in seen:
                     seen[a] = (rank, index)      # the common case: nothing to explain
                     continue
                 here = [(rank, index)]
