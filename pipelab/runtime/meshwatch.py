@@ -55,18 +55,35 @@ def diagnose_mesh(states: list[RankState], spec, plan, timeout: float,
                 continue
             head = (f"pipeline timed out: {mesh.name(s.rank)} waits in all-reduce of stage "
                     f"{item.stage}'s gradients ({item}) for {now - s.since:.1f} s (timeout "
-                    f"{timeout:g} s); dp {d} never reached it: "
-                    f"{_line(other, plan, now)}")
-            return _error(head, other, item, now, lines, sched, states)
+                    f"{timeout:g} s); dp {d} never reached it")
+            inner = _in_replica(states, d, spec, plan, timeout, now)
+            if inner is None:         # the absent replica is still moving: say where it is
+                return _error(f"{head}: {_line(other, plan, now)}", other, item, now, lines,
+                              sched, states)
+            culprit, why = inner      # it is stuck itself: explain why, in its coordinates
+            return _error(f"{head}, because in dp {d}: {why}", culprit.process, culprit.action,
+                          now, lines, sched, states, culprit.transfer)
     # 2. A message along a pipeline: explain within the replica of the longest waiter.
     first = min(stuck, key=lambda s: s.since)
-    replica = [replace(states[mesh.rank(p, first.dp)], rank=p) for p in range(mesh.pp)]
-    inner = diagnose(replica, sched, plan, timeout, now)
+    inner = _in_replica(states, first.dp, spec, plan, timeout, now)
     if inner is None:
         return None
-    culprit = states[mesh.rank(inner.rank, first.dp)]
-    head = _named(str(inner).splitlines()[0], first.dp)
-    return _error(head, culprit, inner.action, now, lines, sched, states, inner.transfer)
+    culprit, why = inner
+    return _error(f"pipeline timed out: {why}", culprit.process, culprit.action, now, lines,
+                  sched, states, culprit.transfer)
+
+
+def _in_replica(states, replica: int, spec, plan, timeout, now):
+    """The single-pipeline diagnosis of one replica: (the PipelineTimeout, with `.process` the
+    culprit's state, and its first line in mesh coordinates) or None if it is not stuck."""
+    mesh = spec.mesh
+    own = [replace(states[mesh.rank(p, replica)], rank=p) for p in range(mesh.pp)]
+    inner = diagnose(own, spec.schedule, plan, timeout, now)
+    if inner is None:
+        return None
+    inner.process = states[mesh.rank(inner.rank, replica)]
+    first = _named(str(inner).splitlines()[0], replica)
+    return inner, first.removeprefix("pipeline timed out: ").rstrip(".")
 
 
 def _line(s: RankState, plan, now: float) -> str:
