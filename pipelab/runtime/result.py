@@ -53,6 +53,16 @@ class RunResult:
     def data_parallel(self) -> int:
         return self.spec.data_parallel
 
+    def _mesh_lines(self) -> str:
+        mesh, times = self.mesh, self.reduction_times()
+        overlap = self.timeline.reduction_overlap()
+        cells = ", ".join(f"pp {p} / dp {d}: " + " ".join(f"{s}AR {t * 1e3:.2f} ms"
+                                                         for s, t in sorted(times[(p, d)].items()))
+                          for d in range(mesh.dp) for p in range(mesh.pp))
+        return (f"mesh {mesh.pp} pipeline ranks × {mesh.dp} data-parallel replicas = "
+                f"{mesh.size} processes; gradient all-reduce (measured) {cells}; "
+                f"{overlap['hidden_share']:.0%} of replica 0's hidden behind compute")
+
     def reduction_times(self) -> dict[tuple[int, int], dict]:
         """Per process (pp, dp): {stage: measured seconds of its gradient all-reduce}."""
         out = {}
@@ -118,6 +128,8 @@ class RunResult:
                      "".join(f"{self.send_buffer_peak.get(r, 0) / 2**20:11.3f}" for r in ranks))
         lines.append(f"{'waiting in recv (ms)':22}" +
                      "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
+        if spec.data_parallel > 1:
+            lines.append(self._mesh_lines())
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
                      f"the whole run took {self.wall_time:.3f} s as seen by the caller "
                      f"(commands, all steps, results)")
