@@ -53,6 +53,27 @@ class RunResult:
     def data_parallel(self) -> int:
         return self.spec.data_parallel
 
+    def parameter_bytes(self) -> list[int]:
+        """Bytes of gradients each stage all-reduces (float32 parameters of its layers)."""
+        from ..model import build_layers
+        return [sum(p.numel() * p.element_size()
+                    for p in build_layers(self.spec.cfg, a, b).parameters())
+                for a, b in self.spec.bounds]
+
+    def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
+        """The simulator's prediction for this run: each compute kind at its measured median
+        (as `simulated`), each gradient all-reduce costed by the ring formula over the run's
+        replicas, 2(n−1)/n · parameter bytes / `bandwidth` + `latency`, on its lane."""
+        from dataclasses import replace
+        fitted = Costs.fit(self.timeline, self.schedule.stages, self.comm_latency)
+        costs = replace(fitted, kinds={k: v for k, v in fitted.kinds.items() if k != "AR"},
+                        bandwidth=bandwidth, latency=latency,
+                        parameter_bytes=self.parameter_bytes(), replicas=self.data_parallel)
+        tl = simulate(self.schedule, costs, source="simulated",
+                      i_frees=0.0 if self.i_frees is None else self.i_frees)
+        tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
+        return tl
+
     def _mesh_lines(self) -> str:
         mesh, times = self.mesh, self.reduction_times()
         overlap = self.timeline.reduction_overlap()
