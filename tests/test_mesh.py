@@ -102,3 +102,10 @@ def test_a_mismatched_mesh_is_refused_before_any_worker_moves():
     assert spec.batch_size == 16 and spec.rows_per_microbatch == 2
     assert [a[-1] for a in spec.schedule.actions] == [AR(0), AR(1)]
     assert prepare_run(sched, ranks=2).schedule is sched      # dp 1: nothing inserted
+
+
+def test_the_grid_shows_every_reduction_in_a_cell_of_its_own():
+    il = pl.with_data_parallel(pl.schedule("interleaved-1f1b", ranks=2, microbatches=4,
+                                           chunks=2), 2)
+    text = str(il)
+    assert all(f"{s}AR" in text for s in range(4))

@@ -120,3 +120,36 @@ def test_two_replicas_of_a_one_stage_pipeline():
     assert res.max_grad_error <= 1e-5
     assert [str(a) for a in res.schedule.actions[0]][-1] == "0AR"
     assert not any(alive(p) for p in pids)
+
+
+CTRL_C = """
+import os, signal, threading, time
+import pipelab as pl
+
+if __name__ == "__main__":
+    cluster = pl.LocalCluster(4, timeout=60)
+    pids = cluster.pids
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
+    try:
+        cluster.run(pl.schedule("1f1b", ranks=2, microbatches=2), data_parallel=2,
+                    model=pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8),
+                    _inject={"stall": "1AR", "replica": 1})
+    except KeyboardInterrupt:
+        dead = all(not os.path.exists(f"/proc/{p}") or
+                   open(f"/proc/{p}/stat").read().rsplit(")", 1)[1].split()[0] == "Z"
+                   for p in pids)
+        print("interrupted; workers dead:", dead)
+"""
+
+
+def test_ctrl_c_in_a_stuck_all_reduce_stops_every_process(tmp_path):
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = tmp_path / "ctrl_c_mesh.py"
+    script.write_text(CTRL_C)
+    repo = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": f"{repo}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=180, env=env)
+    assert "interrupted; workers dead: True" in out.stdout, out.stdout + out.stderr

@@ -130,8 +130,8 @@ def execution_order(schedule) -> list[OrderEntry]:
     return order
 
 
-def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
-              ) -> Iterator[tuple[int, object, float, float]]:
+def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0,
+              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
     """Yield (rank, step, start, end) along an execution order: each rank runs its steps in
     order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
     a collective, once every member is free. The simulator runs this with its cost model, the
@@ -139,10 +139,11 @@ def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
 
     A kind registered with `lane="comm"` (a gradient all-reduce) occupies the rank's
     communication lane instead of its compute: the actions after it on the rank do not wait
-    for it, so the overlap of communication with compute is what the model predicts."""
+    for it, so the overlap of communication with compute is what the model predicts. With
+    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn."""
     end: dict = {}          # action -> (finish, the ranks that ran it)
     free: dict = defaultdict(float)      # rank (compute) or (rank, "comm") -> when it is free
-    beside = comm_kinds()
+    beside = comm_kinds() if lanes else ()
     for ranks, item, deps in order:
         if len(ranks) == 1:
             rank = ranks[0]
