@@ -3,8 +3,9 @@
 `sAR` sums stage s's gradients over the replicas of its pipeline rank (its dp group). It is
 launched asynchronously (one flat buffer, one `all_reduce(async_op=True)`), so the rank goes on
 computing — another stage's backwards, on an interleaved schedule — while gloo reduces in its
-own thread; the executor notes when it completes, and waits for every reduction at the end of
-the training step, before the optimizer reads the gradients.
+own thread; the executor notes when it completes (checking between actions, so a measured end
+is rounded up to the end of the action it overlapped), and waits for every reduction at the end
+of the training step, before the optimizer reads the gradients.
 """
 from __future__ import annotations
 
