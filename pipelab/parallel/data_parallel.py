@@ -71,7 +71,7 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
     positive_int("replicas", replicas)
     if replicas == 1:
         return schedule
-    if any(part.kind == "AR" for acts in schedule.actions for item in acts for part in item.parts):
+    if has_reductions(schedule):
         raise ValueError(f"schedule {schedule.name!r} already has gradient all-reduces (AR)")
     actions = []
     for rank, acts in enumerate(schedule.actions):
@@ -102,7 +102,8 @@ def replicas_of(schedule) -> int:
 
 
 def has_reductions(schedule) -> bool:
-    return any(part.kind == "AR" for acts in schedule.actions for item in acts for part in item.parts)
+    return any(part.kind == "AR" for acts in schedule.actions for item in acts
+               for part in item.parts)
 
 
 assert KIND_SPECS["AR"].lane == "comm"

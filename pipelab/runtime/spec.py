@@ -77,7 +77,8 @@ def _bounds(cfg: ModelConfig, stages: int, partition) -> tuple[list[tuple[int, i
     return [tuple(b) for b in parts.bounds], method
 
 
-def _injections(schedule: Schedule, inject, replicas: int = 1) -> tuple[dict[str, Action], int | None]:
+def _injections(schedule: Schedule, inject,
+                replicas: int = 1) -> tuple[dict[str, Action], int | None]:
     out, replica = {}, None
     for key, value in (inject or {}).items():
         if key == "replica":           # only this data-parallel replica misbehaves
