@@ -74,6 +74,20 @@ class RunResult:
         tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
         return tl
 
+    def reduction_transfer(self) -> dict[int, float]:
+        """Per stage, the all-reduce's own time: from the moment the *last* replica launched it
+        (before that, the others only wait for it) to completion, the median over replicas. This
+        is what the ring formula 2(n−1)/n · bytes / bandwidth + latency predicts; the spans in
+        `reduction_times()` also hold the wait for the slowest replica."""
+        out = {}
+        for stage in range(self.schedule.stages):
+            events = [e for (pp, _dp), tl in self.process_timelines.items()
+                      for e in tl.comm_events() if e.action.stage == stage]
+            if events:
+                last = max(e.start for e in events)
+                out[stage] = statistics.median(max(e.end - last, 0.0) for e in events)
+        return out
+
     def _mesh_lines(self) -> str:
         mesh, times = self.mesh, self.reduction_times()
         overlap = self.timeline.reduction_overlap()
