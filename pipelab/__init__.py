@@ -10,6 +10,7 @@ from .data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
 from .train import evaluate, sample, train
 from .partition import Partition, measure_layer_times, partition
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
+from .parallel import Mesh, allreduce_time, with_data_parallel
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
@@ -19,4 +20,5 @@ __all__ = [
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
+    "Mesh", "allreduce_time", "with_data_parallel",
 ]

@@ -43,7 +43,10 @@ def _parser():
     add("--schedule", default="1f1b", metavar="NAME",
         help=f"schedule name, one of: {', '.join(SCHEDULES)} (default: 1f1b)")
     add("--ranks", type=int, default=None, metavar="P",
-        help="pipeline ranks = worker processes (default: 2, or WORLD_SIZE under torchrun)")
+        help="pipeline ranks (default: 2, or WORLD_SIZE / --data-parallel under torchrun)")
+    add("--data-parallel", type=int, default=1, metavar="D",
+        help="replicas of the pipeline, each on its share of the batch, gradients all-reduced "
+             "per stage after its last backward: P x D worker processes (default: 1)")
     add("--microbatches", type=int, default=8, metavar="M",
         help="microbatches per training step (default: 8)")
     add("--chunks", type=int, default=None, metavar="V",
@@ -75,7 +78,8 @@ def _parser():
 
 
 def _build(args, ranks: int):
-    """Schedule, config and checked RunSpec from the arguments (ValueError when bad)."""
+    """Schedule, config and checked RunSpec from the arguments (ValueError when bad); `ranks`
+    is the pipeline's, the processes are ranks × --data-parallel."""
     import pipelab as pl
     from .runtime.spec import check_timeout, prepare_run
 
@@ -88,9 +92,10 @@ def _build(args, ranks: int):
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                          seq_len=args.seq_len, seed=args.model_seed)
-    spec = prepare_run(sched, ranks=ranks, model=cfg, partition=args.partition, seed=args.seed,
-                       batch_size=args.batch_size, steps=args.steps, lr=args.lr,
-                       check=not args.no_check)
+    spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg,
+                       partition=args.partition, seed=args.seed, batch_size=args.batch_size,
+                       steps=args.steps, lr=args.lr, check=not args.no_check,
+                       data_parallel=args.data_parallel)
     return sched, cfg, spec
 
 
@@ -109,11 +114,12 @@ def _local(args, fail) -> int:
         sched, cfg, spec = _build(args, ranks)
     except ValueError as err:
         fail(err)
-    with LocalCluster(ranks, timeout=args.timeout, pin=not args.no_pin) as cluster:
+    with LocalCluster(ranks * args.data_parallel, timeout=args.timeout,
+                      pin=not args.no_pin) as cluster:
         try:
             result = cluster.run(sched, model=cfg, partition=args.partition, seed=args.seed,
                                  batch_size=args.batch_size, steps=args.steps, lr=args.lr,
-                                 check=not args.no_check)
+                                 check=not args.no_check, data_parallel=args.data_parallel)
         except (PipelineTimeout, WorkerError) as err:
             print(f"python -m pipelab run: the run failed: {err}", file=sys.stderr)
             return 1
@@ -130,11 +136,15 @@ def _torchrun(args, fail) -> int:
     from .runtime.executor import warm_up
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if args.ranks is not None and args.ranks != world:
-        fail(f"--ranks {args.ranks} but torchrun started {world} processes "
-             f"(--nproc-per-node x nodes); drop --ranks or make them equal")
+    dp = args.data_parallel
+    if dp < 1 or world % dp:
+        fail(f"--data-parallel {dp} does not divide the {world} processes torchrun started")
+    if args.ranks is not None and args.ranks * dp != world:
+        fail(f"--ranks {args.ranks} x --data-parallel {dp} = {args.ranks * dp} but torchrun "
+             f"started {world} processes (--nproc-per-node x nodes); drop --ranks or make "
+             f"them equal")
     try:
-        _sched, _cfg, spec = _build(args, world)
+        _sched, _cfg, spec = _build(args, world // dp)
     except ValueError as err:
         fail(err)
     dist.init_process_group("gloo", timeout=timedelta(seconds=args.timeout))

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
-KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868"}
+KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868",
+                "AR": "#333333"}    # a gradient all-reduce, drawn on the rank's communication lane
 OTHER_COLOUR = "#8172B3"          # any kind added later (compound, collective, ...)
 CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "++")   # chunk 0 plain, as the papers draw it
 PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F5"}
@@ -60,12 +61,16 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     chunks = chunk_of(timeline)
     multi = max(chunks.values(), default=0) > 0
     bars, labels = {}, {}
+    from .schedules.kinds import comm_kinds
+    beside = comm_kinds()     # communication-lane kinds: a thin strip under the rank's row
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
         chunk = chunks.get(e.action.stage, 0)
         hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] if multi else ""
         parts = e.action.parts
-        patch = Rectangle((left, e.rank - 0.4), width, 0.8, facecolor=kind_colour(parts[0].kind),
+        lane = parts[0].kind in beside
+        y, height = (e.rank + 0.41, 0.14) if lane else (e.rank - 0.4, 0.8)
+        patch = Rectangle((left, y), width, height, facecolor=kind_colour(parts[0].kind),
                           edgecolor="white", linewidth=0.5, hatch=hatch or None,
                           hatchcolor="white", zorder=2)
         patch.pipelab_path = False
@@ -82,14 +87,14 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             patch.pipelab_overlays.append(overlay)
         ax.add_patch(patch)
         bars[e] = patch
-        if width > span / 60 and timeline.ranks <= 16:
+        if width > span / 60 and timeline.ranks <= 16 and not lane:
             text = "/".join(f"{part.microbatch}{chr(39) * chunks.get(part.stage, 0)}"
                             for part in parts if part.microbatch >= 0) or str(e.action)
             labels[e] = ax.text(left + width / 2, e.rank, text,
                                 ha="center", va="center", fontsize=7, color="white", zorder=4,
                                 fontweight="bold" if multi else "normal")
     ax.pipelab_bars, ax.pipelab_labels = bars, labels
-    handles = [Patch(color=kind_colour(k), label=k)
+    handles = [Patch(color=kind_colour(k), label=f"{k} (comm lane)" if k in beside else k)
                for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
                                key=lambda k: ("FBIW".find(k) % 10, k))]
     if multi:
@@ -112,7 +117,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
                              label="critical path"))
         note = "\n" + path_summary(timeline, path)
     ax.set_yticks(range(timeline.ranks), [f"rank {r}" for r in range(timeline.ranks)])
-    ax.set_ylim(timeline.ranks - 0.5, -0.5)
+    ax.set_ylim(timeline.ranks - (0.44 if any(e.action.parts[0].kind in beside
+                                              for e in timeline.events) else 0.5), -0.5)
     ax.set_xlim(0, xmax if xmax is not None else span)
     ax.set_xlabel(f"time ({unit})")
     if legend:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
 from .schedules.actions import Action
@@ -36,6 +36,11 @@ class Costs:
     charges each of the schedule's m microbatches 1/m of them — a fixed global batch, so naive
     (m=1) and GPipe (m>1) do the same work and their makespans compare. `comm` (a message's
     latency) and `per_action` (measured times) are never scaled.
+
+    Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
+    `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
+    the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
+    2(n−1)/n · bytes / bandwidth + latency; or give `kinds={"AR": ...}` directly.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -46,6 +51,10 @@ class Costs:
     B: Cost | None = None
     kinds: Mapping[str, Cost] | None = None
     per: str = "microbatch"
+    bandwidth: float = math.inf          # bytes/s of a link, for the gradient all-reduce
+    latency: float = 0.0                 # seconds added to each all-reduce
+    parameter_bytes: Cost = 0.0          # bytes of gradients each stage reduces
+    replicas: int | None = None          # data-parallel replicas (None: the schedule's)
 
     def __post_init__(self) -> None:
         if self.per not in ("microbatch", "batch"):
@@ -56,6 +65,12 @@ class Costs:
                 continue
             setattr(self, name, _checked(name, getattr(self, name)))
         self.comm = _checked("comm", self.comm, per_stage=False)
+        self.latency = _checked("latency", self.latency, per_stage=False)
+        self.parameter_bytes = _checked("parameter_bytes", self.parameter_bytes)
+        if not (isinstance(self.bandwidth, numbers.Real) and self.bandwidth > 0):
+            raise ValueError(f"Costs.bandwidth must be a number of bytes/s > 0, got {self.bandwidth!r}")
+        if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
+            raise ValueError(f"Costs.replicas must be a whole number >= 1, got {self.replicas!r}")
         for kind, value in self.kinds.items():
             self.kinds[kind] = _checked(f"kinds[{kind!r}]", value)
 
@@ -110,13 +125,28 @@ class Costs:
             return float(value[stage])
         return float(value)
 
+    def of_parameter_bytes(self, stage: int) -> float:
+        value = self.parameter_bytes
+        if isinstance(value, list):
+            if stage >= len(value):
+                raise ValueError(f"Costs.parameter_bytes has {len(value)} per-stage values, "
+                                 f"but the schedule has stage {stage}")
+            return float(value[stage])
+        return float(value)
+
     def duration(self, action, microbatches: int = 1) -> float:
         """Time of one step: an action, or the sum of a compound's parts; with `per="batch"`,
         its share 1/`microbatches` of the batch's cost."""
         if self.per_action is not None and action in self.per_action:
             return self.per_action[action]
         share = 1.0 / microbatches if self.per == "batch" else 1.0
-        return sum(self.of(part[1], part[0]) for part in action.parts) * share
+        return sum(self.of(part[1], part[0]) * (share if _per_microbatch(part[1]) else 1.0)
+                   for part in action.parts)
+
+
+def _per_microbatch(kind: str) -> bool:
+    spec = KIND_SPECS.get(kind)
+    return spec is None or spec.per_microbatch
 
 
 def _checked(name: str, value, per_stage: bool = True):
@@ -149,6 +179,8 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     if not 0.0 <= i_frees <= 1.0:
         raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
     order = schedule.execution_order()     # validates (once per unchanged schedule)
+    if costs.replicas is None and getattr(schedule, "data_parallel", 1) > 1:
+        costs = replace(costs, replicas=schedule.data_parallel)
     unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
     events: list[Event] = []
     deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}

@@ -16,6 +16,11 @@ from .schedules.actions import Action
 SOURCES = ("simulated", "measured", "replayed")
 
 
+def _comm_kinds() -> set[str]:
+    from .schedules.kinds import comm_kinds
+    return comm_kinds()
+
+
 class Event(NamedTuple):
     rank: int
     action: Action
@@ -81,11 +86,36 @@ class Timeline:
         return max(e.end for e in self.events) - self.start
 
     def busy(self) -> dict[int, float]:
-        """Busy (computing) time per rank."""
+        """Busy (computing) time per rank; communication-lane events (a gradient all-reduce,
+        which runs beside the compute) are not counted."""
         out = {r: 0.0 for r in range(self.ranks)}
+        beside = _comm_kinds()
         for e in self.events:
-            out[e.rank] += e.duration
+            if e.action.parts[0].kind not in beside:
+                out[e.rank] += e.duration
         return out
+
+    def comm_events(self) -> list[Event]:
+        """Events on the ranks' communication lanes (gradient all-reduces), in start order."""
+        beside = _comm_kinds()
+        return [e for e in self.events if e.action.parts[0].kind in beside]
+
+    def compute_end(self) -> float:
+        """When the last compute (not communication-lane) action ends, relative to `start`."""
+        beside = _comm_kinds()
+        return max((e.end for e in self.events if e.action.parts[0].kind not in beside),
+                   default=self.start) - self.start
+
+    def reduction_overlap(self) -> dict:
+        """How much of the communication-lane time (the gradient all-reduces) hides behind
+        compute: `total` (summed durations), `hidden` (the parts of them before the last
+        compute action ends, anywhere in the pipeline), `exposed` (how far the step runs past
+        that end: makespan − compute end) and `hidden_share` = hidden / total."""
+        events, end = self.comm_events(), self.start + self.compute_end()
+        total = sum(e.duration for e in events)
+        hidden = sum(max(0.0, min(e.end, end) - e.start) for e in events)
+        return {"total": total, "hidden": hidden, "exposed": self.makespan - self.compute_end(),
+                "hidden_share": hidden / total if total else 1.0}
 
     def idle(self) -> dict[int, float]:
         return {r: self.makespan - b for r, b in self.busy().items()}

@@ -22,6 +22,7 @@ from .errors import WorkerError
 from .pool import POLL, WorkerPool
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
+from .meshwatch import diagnose_mesh
 from .watchdog import diagnose
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
@@ -110,7 +111,7 @@ class LocalCluster:
     def run(self, schedule, model=None, partition=None, *, seed: int = 0,
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
-            _inject: dict | None = None) -> RunResult:
+            data_parallel: int = 1, _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
         model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
@@ -120,12 +121,15 @@ class LocalCluster:
         batch_size: rows per step, a multiple of the microbatch count (default 2 per microbatch).
         steps, lr: train for `steps` AdamW steps; `loss_history` matches single-process training.
         check: compare the first step's loss and gradients with the unsplit model.
+        data_parallel: replicas of the pipeline (a mesh of ranks = pipeline ranks × replicas
+            processes); each takes 1/data_parallel of the batch, and each stage's gradients are
+            all-reduced over its replicas right after its last backward (`AR` actions).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"} or {"drop": "0F1"}.
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
-                           inject=_inject)
+                           inject=_inject, data_parallel=data_parallel)
         self.start()
         began = time.perf_counter()
         try:
@@ -198,7 +202,9 @@ class LocalCluster:
                 active = [s for s in states if s.state != DONE]
                 if active and all(now - s.since > timeout for s in active):
                     plan = plan or comm_plan(spec.schedule)
-                    error = diagnose(states, spec.schedule, plan, timeout, now, sent)
+                    error = diagnose(states, spec.schedule, plan, timeout, now, sent) \
+                        if spec.data_parallel == 1 else \
+                        diagnose_mesh(states, spec, plan, timeout, now)
                     if error is not None:
                         raise error
         finally:
@@ -209,7 +215,7 @@ class LocalCluster:
     def _where(self, rank: int, spec) -> tuple[str, object]:
         """(" while running 1F2 (training step 0)", Action) for an error message."""
         state = self._pool.board.read()[rank]
-        acts = spec.schedule.actions[rank]
+        acts = spec.schedule.actions[spec.mesh.coords(rank)[0]]
         if state.state == DONE or state.position >= len(acts):
             return "", None
         action = acts[state.position]
@@ -219,7 +225,7 @@ class LocalCluster:
     def _worker_error(self, rank: int, text: str, spec) -> WorkerError:
         where, action = self._where(rank, spec)
         last = text.strip().splitlines()[-1] if text.strip() else "an exception"
-        return WorkerError(f"rank {rank} raised {last}{where}.\nWorker traceback:\n{text}",
+        return WorkerError(f"{_who(rank, spec)} raised {last}{where}.\nWorker traceback:\n{text}",
                            rank, action, traceback=text)
 
     def _check_deaths(self, spec, grace: float = 0.0) -> None:
@@ -231,6 +237,14 @@ class LocalCluster:
             self._pool.check_alive()
         except WorkerError as err:
             where, action = self._where(err.rank, spec)
-            raise WorkerError(f"{err}{where}; the other workers were stopped and the next run "
+            who = "" if spec.data_parallel == 1 else f" ({spec.mesh.name(err.rank)})"
+            raise WorkerError(f"{err}{who}{where}; the other workers were stopped and the next run "
                               f"starts fresh ones", err.rank, action,
                               exitcode=err.exitcode) from None
+
+
+def _who(rank: int, spec) -> str:
+    """"rank 1", or on a mesh "pp 1 / dp 0 (process 1)"."""
+    if spec.data_parallel == 1:
+        return f"rank {rank}"
+    return f"{spec.mesh.name(rank)} (process {rank})"

@@ -22,6 +22,7 @@ from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
 from ..weight_grad import WeightGradStore
 from .handlers import HANDLERS
+from . import collectives  # noqa: F401  (registers the AR handler)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
@@ -34,30 +35,44 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
 
     Returns a plain, picklable report; `notify(step, loss)` is called by the rank holding the
     last stage after each step (the parent's progress bar).
+
+    `rank` is the process's place in the mesh (parallel/mesh.py): pipeline rank `pp` of
+    data-parallel replica `dp`. The replica runs the schedule's actions of rank `pp` on its
+    share of the batch, exchanges messages with its own replica's neighbours, and sums
+    gradients with the other replicas in the schedule's `AR` actions.
     """
     board = board or NoBoard()
     board.set(rank, 0, 0, SETUP)
     import_plugins(spec.plugins)       # kinds and handlers defined outside pipelab
-    sched = spec.schedule
-    plan = comm_plan(sched)[rank]
+    sched, mesh = spec.schedule, spec.mesh
+    pp, replica, _tp = mesh.coords(rank)
+    plan = _in_replica(comm_plan(sched)[pp], mesh, replica)
     wiring = _wiring(spec, plan)
     for members in collective_groups(sched):     # every rank makes every group, in one order
         process_group(members)
-    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(rank))
+    if mesh.dp > 1:
+        for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
+            process_group(members)
+    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp))
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
-    holds_loss = sched.rank_of(sched.stages - 1) == rank
+    holds_loss = sched.rank_of(sched.stages - 1) == pp and replica == 0
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
-    report = {"rank": rank, "pid": os.getpid(), "steps": [], "grads": None}
+    report = {"rank": rank, "coords": (pp, replica), "pid": os.getpid(), "steps": [],
+              "grads": None}
+    rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
         inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator)
+        inputs, targets = inputs[rows], targets[rows]      # this replica's share of the batch
         stages.zero_grad()
         meter = ActivationMeter(params)
         state = StepState(sched, stages, inputs, targets, meter)
+        state.replicas = mesh.dp
+        state.dp_group = process_group(mesh.dp_group(pp)) if mesh.dp > 1 else None
         board.set(rank, k, 0, SYNC)
         dist.barrier()                 # every rank starts the step together: one time origin
         report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
-        if k == 0 and spec.check:
+        if k == 0 and spec.check and replica == 0:   # the replicas' summed gradients are equal
             report["grads"] = stages.gradients()
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)
@@ -93,6 +108,20 @@ def warm_up() -> None:
     torch.autograd.backward(hidden, torch.ones_like(hidden))
 
 
+def _in_replica(plan, mesh, replica: int):
+    """The plan of one pipeline rank with its messages addressed to processes of `replica`."""
+    if mesh.dp == 1:
+        return plan
+    from dataclasses import replace
+    out = []
+    for step in plan:
+        moved = {t: replace(t, src=mesh.rank(t.src, replica), dst=mesh.rank(t.dst, replica))
+                 for t in step.recv + step.send}
+        out.append(replace(step, recv=[moved[t] for t in step.recv],
+                           send=[moved[t] for t in step.send]))
+    return out
+
+
 def _stall(action) -> None:
     while True:                        # test hook: a stuck action; the parent's watchdog kills us
         time.sleep(0.5)
@@ -126,6 +155,9 @@ def _shape(spec: RunSpec, producer) -> tuple:
 
 def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, board) -> dict:
     stall, fail, drop = (spec.inject.get(key) for key in ("stall", "raise", "drop"))
+    if spec.inject_replica is not None and spec.mesh.coords(rank)[1] != spec.inject_replica:
+        stall = fail = drop = None
+    reductions = state.in_flight
     clock, cpu_clock = time.perf_counter, time.thread_time
     actions, recvs, pending = [], [], []
     begin = clock()
@@ -166,12 +198,37 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         end, cpu = clock(), cpu_clock() - cpu0
         actions.append((i, item, waited_from, start, end, cpu, state.meter.live))
         memory.append((end, state.meter.live))
+        if reductions:
+            _note_reductions(reductions, actions, clock)
     board.set(rank, k, len(plan), SENDS)
     p2p.wait_all(pending)
     state.meter.sends_done()
+    for red in reductions:            # the gradients must be summed before the optimizer
+        board.set(rank, k, actions[red.entry][0], RUN, 1)     # detail 1: waiting in it
+        red.finish()
+        _finished(red, actions, clock)
+    reductions.clear()
     return {"begin": begin, "actions": actions, "recvs": recvs, "memory": memory,
             "losses": dict(state.losses), "peak": state.meter.peak,
             "send_peak": state.meter.sending_peak}
+
+
+def _note_reductions(reductions, actions, clock) -> None:
+    """Tie reductions just launched to their step's record; note the ones completed."""
+    for red in reductions:
+        if getattr(red, "entry", None) is None:
+            red.entry = len(actions) - 1
+        elif red.finished is None and red.done():
+            _finished(red, actions, clock)
+
+
+def _finished(red, actions, clock) -> None:
+    """A reduction's record spans launch to completion (on the rank's communication lane);
+    its 'CPU time' is that wall time: the replay charges it as it was measured."""
+    if red.finished is None:
+        red.finished = clock()
+    i, item, waited, start, _end, _cpu, live = actions[red.entry]
+    actions[red.entry] = (i, item, waited, start, red.finished, red.finished - start, live)
 
 
 def _post(step, wires) -> list:

@@ -56,7 +56,8 @@ def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
         if s == state.last_stage:
             loss = loss_fn(out, y)
             state.losses[mb] = loss.item()
-            out = loss / state.m          # so the microbatch gradients sum to the batch mean's
+            # So the microbatch gradients (summed over the replicas) are the batch mean's.
+            out = loss / (state.m * state.replicas)
     state.saved[(s, mb)] = (inp, out)
     return None if s == state.last_stage else out.detach()
 

@@ -39,6 +39,71 @@ class RunResult:
     send_buffer_peak: dict[int, int] = field(default_factory=dict)   # bytes held by posted sends
     i_frees: float | None = None        # measured share of a forward's activations an I frees
     wall_time: float = 0.0              # seconds the caller waited for the run
+    # A mesh of pp × dp processes: `timeline` is replica 0's pipeline; every replica's, on one
+    # time origin, is in `replica_timelines[dp]`, and each process's alone (its events on its
+    # pipeline rank's row) in `process_timelines[(pp, dp)]` — the last step of each.
+    replica_timelines: list[Timeline] = field(default_factory=list)
+    process_timelines: dict[tuple[int, int], Timeline] = field(default_factory=dict)
+
+    @property
+    def mesh(self):
+        return self.spec.mesh
+
+    @property
+    def data_parallel(self) -> int:
+        return self.spec.data_parallel
+
+    def parameter_bytes(self) -> list[int]:
+        """Bytes of gradients each stage all-reduces (float32 parameters of its layers)."""
+        from ..model import build_layers
+        return [sum(p.numel() * p.element_size()
+                    for p in build_layers(self.spec.cfg, a, b).parameters())
+                for a, b in self.spec.bounds]
+
+    def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
+        """The simulator's prediction for this run: each compute kind at its measured median
+        (as `simulated`), each gradient all-reduce costed by the ring formula over the run's
+        replicas, 2(n−1)/n · parameter bytes / `bandwidth` + `latency`, on its lane."""
+        from dataclasses import replace
+        fitted = Costs.fit(self.timeline, self.schedule.stages, self.comm_latency)
+        costs = replace(fitted, kinds={k: v for k, v in fitted.kinds.items() if k != "AR"},
+                        bandwidth=bandwidth, latency=latency,
+                        parameter_bytes=self.parameter_bytes(), replicas=self.data_parallel)
+        tl = simulate(self.schedule, costs, source="simulated",
+                      i_frees=0.0 if self.i_frees is None else self.i_frees)
+        tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
+        return tl
+
+    def reduction_transfer(self) -> dict[int, float]:
+        """Per stage, the all-reduce's own time: from the moment the *last* replica launched it
+        (before that, the others only wait for it) to completion, the median over replicas. This
+        is what the ring formula 2(n−1)/n · bytes / bandwidth + latency predicts; the spans in
+        `reduction_times()` also hold the wait for the slowest replica."""
+        out = {}
+        for stage in range(self.schedule.stages):
+            events = [e for (pp, _dp), tl in self.process_timelines.items()
+                      for e in tl.comm_events() if e.action.stage == stage]
+            if events:
+                last = max(e.start for e in events)
+                out[stage] = statistics.median(max(e.end - last, 0.0) for e in events)
+        return out
+
+    def _mesh_lines(self) -> str:
+        mesh, times = self.mesh, self.reduction_times()
+        overlap = self.timeline.reduction_overlap()
+        cells = ", ".join(f"pp {p} / dp {d}: " + " ".join(f"{s}AR {t * 1e3:.2f} ms"
+                                                         for s, t in sorted(times[(p, d)].items()))
+                          for d in range(mesh.dp) for p in range(mesh.pp))
+        return (f"mesh {mesh.pp} pipeline ranks × {mesh.dp} data-parallel replicas = "
+                f"{mesh.size} processes; gradient all-reduce (measured) {cells}; "
+                f"{overlap['hidden_share']:.0%} of replica 0's hidden behind compute")
+
+    def reduction_times(self) -> dict[tuple[int, int], dict]:
+        """Per process (pp, dp): {stage: measured seconds of its gradient all-reduce}."""
+        out = {}
+        for coords, tl in self.process_timelines.items():
+            out[coords] = {e.action.stage: e.duration for e in tl.comm_events()}
+        return out
 
     @property
     def schedule(self):
@@ -98,6 +163,8 @@ class RunResult:
                      "".join(f"{self.send_buffer_peak.get(r, 0) / 2**20:11.3f}" for r in ranks))
         lines.append(f"{'waiting in recv (ms)':22}" +
                      "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
+        if spec.data_parallel > 1:
+            lines.append(self._mesh_lines())
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
                      f"the whole run took {self.wall_time:.3f} s as seen by the caller "
                      f"(commands, all steps, results)")
@@ -111,8 +178,9 @@ def _count(n: int, one: str, many: str) -> str:
     return f"{n} {one if n == 1 else many}"
 
 
-def _measured(spec: RunSpec, reports: list[dict], k: int) -> Timeline:
-    t0 = min(rep["steps"][k]["begin"] for rep in reports)
+def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = None) -> Timeline:
+    if t0 is None:
+        t0 = min(rep["steps"][k]["begin"] for rep in reports)
     events, memory = [], {}
     for rep in reports:
         step = rep["steps"][k]
@@ -176,11 +244,26 @@ def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[floa
 def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
     """Build the RunResult from every rank's report (sorted by rank)."""
     reports = sorted(reports, key=lambda rep: rep["rank"])
-    sched, last = spec.schedule, len(reports[0]["steps"]) - 1
-    loss_rank = reports[sched.rank_of(sched.stages - 1)]
-    history = [sum(step["losses"].values()) / sched.microbatches for step in loss_rank["steps"]]
-    first = loss_rank["steps"][0]["losses"]
+    mesh, sched, last = spec.mesh, spec.schedule, len(reports[0]["steps"]) - 1
+    # Per replica, its processes as pipeline ranks 0..pp-1 (the view every metric reads).
+    replicas = [[dict(reports[mesh.rank(p, d)], rank=p) for p in range(mesh.pp)]
+                for d in range(mesh.dp)]
+    reports = replicas[0]
+    loss_ranks = [replica[sched.rank_of(sched.stages - 1)] for replica in replicas]
+    history = [sum(sum(lr["steps"][k]["losses"].values()) for lr in loss_ranks)
+               / (sched.microbatches * mesh.dp) for k in range(last + 1)]
+    first = [lr["steps"][0]["losses"][mb] for lr in loss_ranks for mb in range(sched.microbatches)]
     timelines = [_measured(spec, reports, k) for k in range(last + 1)]
+    t0 = min(rep["steps"][last]["begin"] for replica in replicas for rep in replica)
+    replica_timelines = [_measured(spec, replica, last, t0) for replica in replicas]
+    process_timelines = {}
+    for d, replica in enumerate(replicas):
+        for p, rep in enumerate(replica):
+            whole = replica_timelines[d]
+            process_timelines[(p, d)] = Timeline(
+                whole.events_of(p), sched.ranks, source="measured",
+                memory={p: whole.memory.get(p, [])}, memory_unit="bytes",
+                title=f"{sched.name}: pp {p} / dp {d}", schedule=sched)
     cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
     comm = _latency(reports, last)
     i_frees = _i_frees(reports, last)
@@ -191,12 +274,13 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}
     result = RunResult(spec, timelines[-1], replay, modelled,
-                       losses=[first[mb] for mb in range(sched.microbatches)],
+                       losses=first,
                        loss=history[0], loss_history=history, comm_latency=comm,
                        recv_wait=wait, timelines=timelines, wall_time=wall_time,
                        send_buffer_peak={rep["rank"]: rep["steps"][last]["send_peak"]
                                          for rep in reports},
-                       i_frees=i_frees)
+                       i_frees=i_frees, replica_timelines=replica_timelines,
+                       process_timelines=process_timelines)
     if spec.check:
         grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)

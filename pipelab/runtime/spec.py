@@ -32,10 +32,21 @@ class RunSpec:
     partition_name: str = "uniform"
     inject: dict[str, Action] = field(default_factory=dict)
     plugins: tuple[str, ...] = ()        # modules defining the schedule's non-pipelab kinds
+    data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
+    inject_replica: int | None = None    # test hook: inject only into this replica
+
+    @property
+    def mesh(self):
+        from ..parallel.mesh import Mesh
+        return Mesh(pp=self.schedule.ranks, dp=self.data_parallel)
+
+    @property
+    def rows_per_replica(self) -> int:
+        return self.batch_size // self.data_parallel
 
     @property
     def rows_per_microbatch(self) -> int:
-        return self.batch_size // self.schedule.microbatches
+        return self.batch_size // (self.schedule.microbatches * self.data_parallel)
 
     def boundary_shape(self) -> tuple[int, int, int]:
         """Every activation and gradient crossing a stage boundary: (rows, seq, d_model) float32."""
@@ -66,27 +77,52 @@ def _bounds(cfg: ModelConfig, stages: int, partition) -> tuple[list[tuple[int, i
     return [tuple(b) for b in parts.bounds], method
 
 
-def _injections(schedule: Schedule, inject) -> dict[str, Action]:
-    out = {}
+def _injections(schedule: Schedule, inject,
+                replicas: int = 1) -> tuple[dict[str, Action], int | None]:
+    out, replica = {}, None
     for key, value in (inject or {}).items():
+        if key == "replica":           # only this data-parallel replica misbehaves
+            if not isinstance(value, int) or not 0 <= value < replicas:
+                raise ValueError(f"_inject: replica must be 0..{replicas - 1}, got {value!r}")
+            replica = value
+            continue
         if key not in INJECTIONS:
             raise ValueError(f"_inject: unknown key {key!r}; use {', '.join(INJECTIONS)}")
         action = value if isinstance(value, tuple) else Action.parse(str(value))
         if not any(action in acts for acts in schedule.actions):
             raise ValueError(f"_inject: {action} is not an action of this schedule")
         out[key] = action
-    return out
+    return out, replica
 
 
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
-                check: bool = True, inject=None) -> RunSpec:
-    """Check every argument of a run; return the RunSpec the ranks execute."""
+                check: bool = True, inject=None, data_parallel: int = 1) -> RunSpec:
+    """Check every argument of a run; return the RunSpec the ranks execute.
+
+    `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
+    replicas. With data_parallel > 1 each stage's gradient all-reduce is inserted into the
+    schedule (`with_data_parallel`) unless it already has them."""
+    from ..parallel.data_parallel import has_reductions, with_data_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
+    dp = positive_int("data_parallel", data_parallel)
     schedule.validate()
-    if schedule.ranks != ranks:
+    if dp > 1:
+        if any(spec.members is not None for spec in _kinds_of(schedule)):
+            raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
+                             "(members=...) is not supported yet: run it with data_parallel=1")
+        if schedule.ranks * dp != ranks:
+            raise ValueError(
+                f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas = "
+                f"{schedule.ranks * dp} processes, but the cluster has {ranks}: use "
+                f"LocalCluster(ranks={schedule.ranks * dp}), or a schedule with ranks="
+                f"{ranks // dp if ranks % dp == 0 else '?'}")
+        if not has_reductions(schedule):
+            schedule = with_data_parallel(schedule, dp)
+            schedule.validate()
+    elif schedule.ranks != ranks:
         raise ValueError(f"schedule has {schedule.ranks} ranks but the cluster has {ranks}: "
                          f"build the schedule with ranks={ranks} or use LocalCluster(ranks="
                          f"{schedule.ranks})")
@@ -104,13 +140,24 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     plugins = plugins_for(schedule)
     bounds, method = _bounds(cfg, schedule.stages, partition)
     m = schedule.microbatches
-    batch_size = 2 * m if batch_size is None else positive_int("batch_size", batch_size)
-    if batch_size % m:
-        raise ValueError(f"batch_size={batch_size} does not split into {m} microbatches: "
-                         f"batch_size must be a multiple of microbatches (e.g. {2 * m})")
+    batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
+    if batch_size % (m * dp):
+        if dp == 1:
+            raise ValueError(f"batch_size={batch_size} does not split into {m} microbatches: "
+                             f"batch_size must be a multiple of microbatches (e.g. {2 * m})")
+        raise ValueError(f"batch_size={batch_size} does not split into {dp} replicas × {m} "
+                         f"microbatches: batch_size must be a multiple of data_parallel × "
+                         f"microbatches = {m * dp} (e.g. {2 * m * dp})")
     check_seed("seed", seed)
     boolean("check", check)
     positive_int("steps", steps)
     positive_number("lr", lr)
+    injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, _injections(schedule, inject), plugins)
+                   method, injections, plugins, dp, replica)
+
+
+def _kinds_of(schedule):
+    from ..schedules.kinds import KIND_SPECS
+    return [KIND_SPECS[k] for k in {part.kind for acts in schedule.actions for item in acts
+                                    for part in item.parts}]

@@ -62,6 +62,12 @@ class StepState:
         self.weight_grads = WeightGradStore(meter)
         self.local: dict[Action, list] = {}      # outputs read by later steps here: [tensor, readers left]
         self.losses: dict[int, float] = {}       # per microbatch, unscaled
+        # Data parallelism: each microbatch loss is divided by m × replicas, so the gradients
+        # summed over the replicas are the whole batch's. `dp_group` sums a stage's gradients;
+        # `in_flight` holds the reductions launched but not yet waited for.
+        self.replicas = 1
+        self.dp_group = None
+        self.in_flight: list = []
 
     def module(self, stage: int) -> nn.Sequential:
         return self.stages.modules[stage]

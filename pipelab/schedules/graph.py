@@ -17,7 +17,7 @@ from typing import Callable, Iterator
 
 from .actions import Action
 from .gcpause import without_gc
-from .kinds import KIND_SPECS, Input
+from .kinds import KIND_SPECS, Input, comm_kinds
 
 _new = tuple.__new__
 
@@ -135,18 +135,26 @@ def execution_order(schedule) -> list[OrderEntry]:
     return order
 
 
-def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
-              ) -> Iterator[tuple[int, object, float, float]]:
+def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0,
+              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
     """Yield (rank, step, start, end) along an execution order: each rank runs its steps in
     order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
     a collective, once every member is free. The simulator runs this with its cost model, the
-    grid with one time unit per step, the critical path with both."""
+    grid with one time unit per step, the critical path with both.
+
+    A kind registered with `lane="comm"` (a gradient all-reduce) occupies the rank's
+    communication lane instead of its compute: the actions after it on the rank do not wait
+    for it, so the overlap of communication with compute is what the model predicts. With
+    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn."""
     end: dict = {}          # action -> (finish, the ranks that ran it)
-    free: dict[int, float] = defaultdict(float)
+    free: dict = defaultdict(float)      # rank (compute) or (rank, "comm") -> when it is free
+    beside = comm_kinds() if lanes else ()
     for ranks, item, deps in order:
         if len(ranks) == 1:
             rank = ranks[0]
-            start = free[rank]
+            lane = (rank, "comm") if beside and type(item) is Action and item[1] in beside \
+                else rank
+            start = free[lane]
             for edge in deps:
                 finished, ran_on = end[edge[1]]
                 arrival = finished + (comm if rank not in ran_on else 0.0)
@@ -164,6 +172,10 @@ def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0
         else:
             for part in item:
                 end[part] = (finish, ranks)
+        if len(ranks) == 1:
+            free[lane] = finish
+            yield ranks[0], item, start, finish
+            continue
         for rank in ranks:
             free[rank] = finish
             yield rank, item, start, finish

@@ -15,7 +15,7 @@ def unit_steps(schedule) -> list[list[int]] | None:
     except Exception:
         return None
     steps: list[list[int]] = [[] for _ in schedule.actions]
-    for rank, _action, start, _end in timed_run(order, lambda a: 1):
+    for rank, _action, start, _end in timed_run(order, lambda a: 1, lanes=False):
         steps[rank].append(int(start))
     return steps
 

@@ -40,6 +40,8 @@ class KindSpec:
     per_microbatch: bool = True        # False: written `1U`, runs once per training step
     members: Callable[["object", Action], tuple[int, ...]] | None = None   # a collective's ranks
     module: str = "pipelab"            # where it was defined: the workers import it from there
+    lane: str = "compute"              # "comm": runs beside the rank's compute (a gradient
+    #                                    all-reduce), on a lane of its own in the simulator and plots
 
     @property
     def collective(self) -> bool:
@@ -56,9 +58,13 @@ VERSION = [0]
 def register_kind(kind: str, description: str, *, inputs: Callable | None = None,
                   output: str | None = None, memory: float = 0.0, cost: Callable | None = None,
                   per_microbatch: bool = True, members: Callable | None = None,
-                  module: str | None = None) -> KindSpec:
+                  module: str | None = None, lane: str = "compute") -> KindSpec:
     """Add (or replace) an action kind. `inputs(schedule, action)` lists its `Input` edges
-    (default: none); `members(schedule, action)` makes it a collective of those ranks."""
+    (default: none); `members(schedule, action)` makes it a collective of those ranks;
+    `lane="comm"` runs it beside the rank's compute (the simulator gives each rank a
+    communication lane, so a reduction overlaps the actions after it)."""
+    if lane not in ("compute", "comm"):
+        raise ValueError(f"lane must be 'compute' or 'comm', got {lane!r}")
     if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
         raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
     if not isinstance(memory, (int, float)):
@@ -67,7 +73,7 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
         import sys
         module = sys._getframe(1).f_globals.get("__name__", "__main__")
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
-                    float(memory), cost, per_microbatch, members, module)
+                    float(memory), cost, per_microbatch, members, module, lane)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
     VERSION[0] += 1
@@ -132,6 +138,11 @@ def spec_of(kind: str) -> KindSpec:
     if spec is None:
         raise ValueError(f"unknown action kind {kind!r}; known kinds: {', '.join(KIND_SPECS)}")
     return spec
+
+
+def comm_kinds() -> set[str]:
+    """Kinds that run on a rank's communication lane, beside its compute."""
+    return {k for k, spec in KIND_SPECS.items() if spec.lane == "comm"}
 
 
 def no_microbatch(action: Action) -> bool:

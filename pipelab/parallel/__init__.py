@@ -1,0 +1,6 @@
+"""The neighbours of pipeline parallelism: a process mesh and data parallelism (later: tensor,
+expert and vocabulary parallelism)."""
+from .mesh import Mesh
+from .data_parallel import allreduce_time, reduction_of, with_data_parallel
+
+__all__ = ["Mesh", "allreduce_time", "reduction_of", "with_data_parallel"]

@@ -1,0 +1,109 @@
+"""Data parallelism × pipeline: gradient all-reduces as actions in the schedule.
+
+Each of `dp` replicas of the pipeline takes its share of the batch; after a stage's last
+backward (or W) on a rank, the replicas sum that stage's gradients. Written as an action, `1AR`
+("all-reduce stage 1's gradients"), it sits in the schedule right after the stage's last
+backward, so the reduction of the last stage starts while the earlier stages are still in
+their cool-down — the overlap Megatron and DeepSpeed get by bucketing gradients.
+
+`AR` is registered once: ordering edges (carries=False) to every backward and W of its stage,
+no microbatch, the communication lane (the rank's compute does not wait for it), and a cost
+rule, the ring all-reduce 2(n−1)/n · bytes / bandwidth + latency, read from the cost model.
+"""
+from __future__ import annotations
+
+from ..schedules.actions import NO_MICROBATCH, Action
+from ..schedules.base import Schedule
+from ..schedules.kinds import KIND_SPECS, Input, register_kind
+
+_new = tuple.__new__
+
+
+def allreduce_time(nbytes: float, replicas: int, bandwidth: float, latency: float = 0.0) -> float:
+    """Ring all-reduce of `nbytes` over `replicas` processes: 2(n−1)/n · bytes / bandwidth +
+    latency (every process sends and receives 2(n−1)/n of the buffer; nothing to do for n=1)."""
+    if replicas <= 1:
+        return 0.0
+    return 2.0 * (replicas - 1) / replicas * nbytes / bandwidth + latency
+
+
+def _reduce_inputs(schedule, a: Action) -> list[Input]:
+    """Ordering edges to every gradient-producing pass of the stage: W where the backward is
+    split, else B. (The reduction reads the accumulated .grad, which is local state.)"""
+    schedule.reindex()
+    runs = getattr(schedule, "_weight_pass", None)
+    if runs is None or runs[0] is not schedule._index:
+        kinds = {}
+        for acts in schedule.actions:
+            for item in acts:
+                for part in item.parts:
+                    if part[1] in ("B", "W"):
+                        kinds[(part[0], part[2])] = part[1]
+        runs = (schedule._index, kinds)
+        schedule._weight_pass = runs
+    kinds = runs[1]
+    return [_new(Input, ("grads", _new(Action, (a[0], kinds.get((a[0], mb), "B"), mb)), False))
+            for mb in range(schedule.microbatches)]
+
+
+def _reduce_cost(costs, stage: int) -> float:
+    nbytes = costs.of_parameter_bytes(stage)
+    return allreduce_time(nbytes, costs.replicas or 1, costs.bandwidth, costs.latency)
+
+
+register_kind("AR", "all-reduce of the stage's gradients over its data-parallel replicas",
+              inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
+              module="pipelab")
+
+
+def reduction_of(stage: int) -> Action:
+    """The action `<stage>AR`."""
+    return Action(stage, "AR", NO_MICROBATCH)
+
+
+def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
+    """The same schedule with each stage's gradient all-reduce inserted right after that stage's
+    last backward (or W) on its rank; unchanged when `replicas` is 1 (nothing to reduce).
+
+    A pure function: `schedule` is not modified. The result remembers `replicas` (the simulator
+    charges the ring all-reduce over that many processes)."""
+    from ..checks import positive_int
+    positive_int("replicas", replicas)
+    if replicas == 1:
+        return schedule
+    if has_reductions(schedule):
+        raise ValueError(f"schedule {schedule.name!r} already has gradient all-reduces (AR)")
+    actions = []
+    for rank, acts in enumerate(schedule.actions):
+        last = {}
+        for i, item in enumerate(acts):
+            for part in item.parts:
+                if part.kind in ("B", "W", "I"):
+                    last[part.stage] = i
+        after: dict[int, list[int]] = {}
+        for stage in schedule.stages_of(rank):
+            if stage not in last:
+                raise ValueError(f"stage {stage} has no backward on rank {rank}: nothing to reduce")
+            after.setdefault(last[stage], []).append(stage)
+        out = []
+        for i, item in enumerate(acts):
+            out.append(item)
+            out += [reduction_of(s) for s in sorted(after.get(i, ()))]
+        actions.append(out)
+    result = Schedule(actions, schedule.placement, schedule.microbatches,
+                      name=f"{schedule.name} × dp {replicas}")
+    result.data_parallel = replicas
+    return result
+
+
+def replicas_of(schedule) -> int:
+    """How many replicas `with_data_parallel` made the schedule for (1 for a plain one)."""
+    return getattr(schedule, "data_parallel", 1)
+
+
+def has_reductions(schedule) -> bool:
+    return any(part.kind == "AR" for acts in schedule.actions for item in acts
+               for part in item.parts)
+
+
+assert KIND_SPECS["AR"].lane == "comm"

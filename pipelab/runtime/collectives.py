@@ -1,0 +1,61 @@
+"""Runtime handlers of collective kinds: the data-parallel gradient all-reduce `AR`.
+
+`sAR` sums stage s's gradients over the replicas of its pipeline rank (its dp group). It is
+launched asynchronously (one flat buffer, one `all_reduce(async_op=True)`), so the rank goes on
+computing — another stage's backwards, on an interleaved schedule — while gloo reduces in its
+own thread; the executor notes when it completes (checking between actions, so a measured end
+is rounded up to the end of the action it overlapped), and waits for every reduction at the end
+of the training step, before the optimizer reads the gradients.
+"""
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from ..schedules import Action
+from .handlers import register_handler
+from .stage import StepState
+
+
+class Reduction:
+    """One launched all-reduce: its handle, the flat buffer, and where the sums go back."""
+
+    def __init__(self, action: Action, params: list, group):
+        self.action = action
+        self.params = params
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
+        self.handle = dist.all_reduce(self.buffer, group=group, async_op=True)
+        self.finished: float | None = None     # perf_counter() when seen complete
+
+    @property
+    def nbytes(self) -> int:
+        return self.buffer.numel() * self.buffer.element_size()
+
+    def done(self) -> bool:
+        try:
+            return self.handle.is_completed()
+        except RuntimeError:
+            return False
+
+    def finish(self) -> None:
+        """Wait, then write the summed gradients back into the parameters."""
+        self.handle.wait()
+        offset = 0
+        for p in self.params:
+            n = p.numel()
+            total = self.buffer[offset:offset + n].view_as(p)
+            if p.grad is None:
+                p.grad = total.clone()
+            else:
+                p.grad.copy_(total)
+            offset += n
+
+
+@register_handler("AR")
+def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None:
+    if state.dp_group is None or state.replicas == 1:
+        return None                   # one replica: nothing to sum
+    params = list(state.module(action.stage).parameters())
+    state.in_flight.append(Reduction(action, params, state.dp_group))
+    return None
