@@ -1,11 +1,14 @@
-"""Soak: many runs on one LocalCluster, across schedule shapes; nothing may grow.
+"""Soak: many runs on one LocalCluster, across mesh and schedule shapes; nothing may grow.
 
 Every `--every` runs prints the number of processes (the parent's live children), open file
 descriptors and resident memory (RSS, MiB) of the parent and of the workers, and the threads of
 the workers. A leak shows as a column that keeps climbing; a restart of the workers (a new pid)
 is counted too. Reads /proc only (Linux), so it needs no extra package.
 
-    python benchmarks/soak.py --runs 150
+    python benchmarks/soak.py --runs 200 --processes 4
+
+With 4 processes the runs cycle through the meshes 4 pipeline ranks × 1 replica, 2 × 2 and
+1 × 4 (data parallelism, `cluster.run(..., data_parallel=dp)`), each with several schedules.
 """
 from __future__ import annotations
 
@@ -17,20 +20,24 @@ from pathlib import Path
 
 import pipelab as pl
 
-CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16)
+CFG = pl.ModelConfig(n_layers=6, d_model=32, n_heads=2, seq_len=16)   # 8 layers: 8 stages fit
 
 
-def shapes(ranks: int) -> list[tuple[str, pl.Schedule, int]]:
-    """(label, schedule, steps): several families, microbatch counts and step counts."""
+def shapes(processes: int) -> list[tuple[str, pl.Schedule, int, int]]:
+    """(label, schedule, steps, data_parallel): every mesh pp × dp of the processes, several
+    families, microbatch counts and step counts."""
     out = []
-    for name, options in [("gpipe", {}), ("1f1b", {}), ("interleaved-1f1b", {"chunks": 2}),
-                          ("zb-h1", {}), ("zb-v", {})]:
-        for m, steps in [(2, 1), (4, 2), (8, 1)]:
-            try:
-                sched = pl.schedule(name, ranks=ranks, microbatches=m, **options)
-            except ValueError:
-                continue            # a shape this family does not take
-            out.append((f"{name} m={m} steps={steps}", sched, steps))
+    meshes = [(processes // dp, dp) for dp in range(1, processes + 1) if processes % dp == 0]
+    for (pp, dp), (name, options), (m, steps) in itertools.product(
+            meshes, [("gpipe", {}), ("1f1b", {}), ("interleaved-1f1b", {"chunks": 2}),
+                     ("zb-h1", {}), ("zb-v", {})], [(2, 1), (4, 2), (8, 1)]):
+        try:
+            sched = pl.schedule(name, ranks=pp, microbatches=m, **options)
+        except ValueError:
+            continue            # a shape this family does not take
+        if sched.stages > CFG.total_layers:
+            continue            # more stages than the toy model has layers
+        out.append((f"{name} pp={pp} dp={dp} m={m} steps={steps}", sched, steps, dp))
     return out
 
 
@@ -70,21 +77,23 @@ def sample(cluster) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--runs", type=int, default=150)
-    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--processes", type=int, default=4,
+                        help="worker processes; every mesh pp × dp of them is used")
     parser.add_argument("--every", type=int, default=25)
     args = parser.parse_args()
-    shape_list = shapes(args.ranks)
-    print(f"{len(shape_list)} shapes: " + "; ".join(label for label, _, _ in shape_list))
+    shape_list = shapes(args.processes)
+    print(f"{len(shape_list)} shapes: " + "; ".join(label for label, *_ in shape_list))
     columns = ["run", "procs", "parent fds", "worker fds", "parent MiB", "worker MiB",
                "threads", "restarts", "s/run"]
     print(" ".join(f"{c:>10}" for c in columns))
     began = time.perf_counter()
-    with pl.LocalCluster(ranks=args.ranks, timeout=120) as cluster:
+    with pl.LocalCluster(ranks=args.processes, timeout=120) as cluster:
         first_pids = cluster.pids
         rows, last = [], time.perf_counter()
-        for run, (label, sched, steps) in zip(range(1, args.runs + 1),
-                                              itertools.cycle(shape_list)):
-            res = cluster.run(sched, model=CFG, steps=steps, progress=False, check=(run % 3 == 0))
+        for run, (label, sched, steps, dp) in zip(range(1, args.runs + 1),
+                                                  itertools.cycle(shape_list)):
+            res = cluster.run(sched, model=CFG, steps=steps, progress=False, check=(run % 3 == 0),
+                              data_parallel=dp)
             assert res.loss > 0, label
             if run == 1 or run % args.every == 0:
                 row = {"run": run, **sample(cluster), "restarts": cluster.starts - 1,
