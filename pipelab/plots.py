@@ -142,15 +142,13 @@ def _draw_path(ax, timeline, path, bars, scale) -> None:
 
 
 def path_summary(timeline, path=None) -> str:
-    """"critical path: 22 actions = 33 compute + 8 comm (16 messages) + 0 waiting"."""
-    path = timeline.critical_path() if path is None else path
+    """"critical path: 22 actions = 33 compute + 8 comm + 0 waiting units; 16 rank crossings"
+    (text of `Timeline.path_summary`)."""
+    summary = timeline.path_summary(path)
     scale, unit = _time_scale(timeline)
-    compute = sum(s.duration for s in path) * scale
-    comm = sum(s.comm_before for s in path) * scale
-    wait = sum(s.wait_before for s in path) * scale
-    hops = sum(1 for s in path if s.comm_before > 0)
-    return (f"critical path: {len(path)} actions = {compute:.4g} compute + {comm:.4g} comm "
-            f"({hops} messages) + {wait:.4g} waiting {unit}")
+    return (f"critical path: {summary.actions} actions = {summary.compute * scale:.4g} compute + "
+            f"{summary.comm * scale:.4g} comm + {summary.waiting * scale:.4g} waiting {unit}; "
+            f"{summary.crossings} rank crossings")
 
 
 def _multi_stage(timeline) -> bool:
