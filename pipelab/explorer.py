@@ -196,3 +196,32 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
     box = widgets.VBox([stages, method, out])
     box.add_class("pipelab-balance-explorer")
     return box
+
+
+def basis_toggle(views: Mapping[str, Mapping], key: str = "cost"):
+    """Toggle buttons that redraw the same partitions computed on different bases, e.g.
+    {"FLOPs (model)": {method: Partition}, "measured (this run)": {method: Partition}}: the
+    balance charts side by side (`plots.plot_partitions`), then the `key` method's layout on
+    the chosen basis. Returns the widget; `.basis` is the toggle, `.views` the partitions."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from . import plots, ui
+    if not views:
+        raise ValueError("basis_toggle needs at least one basis")
+    names = [set(parts) for parts in views.values()]
+    if any(n != names[0] for n in names) or key not in names[0]:
+        raise ValueError(f"every basis must hold the same partitions, including {key!r}; got "
+                         + ", ".join(f"{b}: {sorted(p)}" for b, p in views.items()))
+    basis = ui.control(widgets.ToggleButtons, "balance on", options=list(views))
+
+    def draw(basis: str) -> None:
+        plots.plot_partitions(views[basis], note=basis)
+        plt.show()
+        print(f"{key} split on {basis}: {views[basis][key].layout}")
+
+    out = widgets.interactive_output(draw, {"basis": basis})
+    out.layout.min_height = "700px"
+    box = widgets.VBox([basis, out])
+    box.add_class("pipelab-basis-toggle")
+    box.basis, box.views = basis, views
+    return box

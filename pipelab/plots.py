@@ -294,6 +294,28 @@ def plot_balance(parts, ax=None, title: str | None = None):
     return ax
 
 
+def plot_partitions(parts, note: str = "", cols: int = 2, panel_size=(7.0, 3.25)):
+    """Several partitions' balance charts side by side on one y-scale: `parts` maps a label
+    to a Partition; each panel is titled "label: layout  (note)". Returns the figure."""
+    import matplotlib.pyplot as plt
+    items = list(parts.items())
+    if not items:
+        raise ValueError("plot_partitions needs at least one partition")
+    cols = min(cols, len(items))
+    rows = -(-len(items) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows),
+                             sharey=True, squeeze=False)
+    suffix = f"  ({note})" if note else ""
+    for ax, (label, p) in zip(axes.flat, items):
+        p.plot(ax=ax, title=f"{label}: {p.layout}{suffix}")
+    for ax in axes.flat[len(items):]:
+        ax.set_visible(False)
+    for ax in axes[:, 1:].flat:
+        ax.set_ylabel("")                        # one y-scale, labelled once per row
+    fig.tight_layout()
+    return fig
+
+
 VOCAB_LAYER_COLOUR = "#C44E52"    # embedding and head: the layers that are unlike the blocks
 
 
