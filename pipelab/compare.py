@@ -84,6 +84,29 @@ def longest_span(timeline: Timeline) -> float:
     return max(spans(timeline).values(), default=0.0)
 
 
+# --- GPipe and 1F1B: closed forms and latency sweeps --------------------------------------------
+
+def gpipe_makespan(stage_times: Sequence[float], microbatches: int) -> float:
+    """GPipe's step without communication, from each stage's forward + backward time for one
+    microbatch: the first microbatch crosses every stage, the other m − 1 follow at the pace
+    of the slowest one, Σ t_s + (m − 1) max t_s ((m + p − 1) t when balanced)."""
+    if not stage_times:
+        raise ValueError("gpipe_makespan needs at least one stage")
+    return sum(stage_times) + (microbatches - 1) * max(stage_times)
+
+
+def latency_sweep(ranks: int, microbatches: int, latencies: Sequence[float],
+                  names: Sequence[str] = ("gpipe", "1f1b"), backward_ratio: float = 2.0,
+                  **options) -> list[dict]:
+    """Simulated makespans as the message latency grows: one row per latency c,
+    {"c": c, name: makespan, ...}, with F = 1 and a full backward of `backward_ratio` (I = W)."""
+    half = backward_ratio / 2
+    return [{"c": c, **{name: simulate_named(name, ranks, microbatches,
+                                             Costs(F=1.0, I=half, W=half, comm=c),
+                                             **options).makespan for name in names}}
+            for c in latencies]
+
+
 # --- interleaving: bubble / v against messages × v ---------------------------------------------
 
 def messages(sched) -> int:

@@ -244,3 +244,30 @@ def test_pl_compare_is_imported_without_loading_the_drawing_libraries():
             "print(sorted(m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_gpipe_makespan_is_the_simulated_one_for_unbalanced_stages():
+    cfg = pl.ModelConfig(n_layers=8, d_model=64, n_heads=4, vocab_size=2048, seq_len=32)
+    for method in ("uniform", "cost"):
+        part = pl.partition(cfg, 4, method, batch_size=8)
+        costs = part.costs()                      # MFLOP; B = 2F split as I = W = F
+        assert costs.unit == "MFLOP" and costs.F == [f / 1e6 for f in part.flops]
+        assert costs.I == costs.W == costs.F
+        tl = pl.simulate(pl.schedule("gpipe", ranks=4, microbatches=8), costs)
+        closed = compare.gpipe_makespan([3 * f / 1e6 for f in part.flops], 8)
+        assert tl.makespan == pytest.approx(closed, rel=1e-12)
+    assert compare.gpipe_makespan([1.0, 3.0, 2.0], 4) == 6 + 3 * 3
+    assert compare.gpipe_makespan([3.0] * 4, 8) == 33          # (m + p − 1)(F + B)
+    half = pl.partition(cfg, 2, "uniform").costs(backward_ratio=3.0, per_unit=1, unit="FLOP")
+    assert half.I[0] == half.W[0] == 1.5 * half.F[0]
+    with pytest.raises(ValueError):
+        compare.gpipe_makespan([], 4)
+
+
+def test_latency_sweep_rows():
+    rows = compare.latency_sweep(4, 8, [0.0, 0.5, 1.0])
+    assert [r["c"] for r in rows] == [0.0, 0.5, 1.0]
+    assert [(r["gpipe"], r["1f1b"]) for r in rows] == [(33, 33), (36, 41), (39, 49)]
+    big = compare.latency_sweep(6, 16, [0.5], backward_ratio=3.0, names=["gpipe", "1f1b"])
+    assert (big[0]["gpipe"], big[0]["1f1b"]) == (89, 101)
+    assert set(compare.latency_sweep(2, 2, [0.0], names=["zb-h1"])[0]) == {"c", "zb-h1"}
