@@ -4,7 +4,7 @@ from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, l
                         register, schedule, v_placement)
 from .simulate import Costs, simulate
 from .timeline import Event, Timeline
-from . import explorer, plots   # notebook helpers; matplotlib and ipywidgets load lazily
+from . import compare, explorer, plots   # notebook helpers; matplotlib and ipywidgets load lazily
 from .data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                    split_microbatches)
 from .train import evaluate, sample, train

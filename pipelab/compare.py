@@ -9,7 +9,7 @@ v=2 and unit rank costs takes 28.5 (FORMULAS.md), against 33 for 1F1B.
     from pipelab import compare
     compare.simulate_named("interleaved-1f1b", 4, 8, pl.Costs(), chunks=2).makespan  # 28.5
     compare.crossover_comm(4, 8, chunks=4)          # where interleaving stops paying
-    table = compare.schedule_table(4, 8)            # bubble and peak memory of every schedule
+    table = compare.schedule_table(4, 8)            # bubble, peak memory, latency of every schedule
     compare.plot_schedule_table(table)              # draws the table, computes nothing
     check = compare.gain_check(base_run, zb_run)    # predicted vs replayed vs measured saving
 
@@ -82,6 +82,29 @@ def spans(timeline: Timeline) -> dict[int, float]:
 def longest_span(timeline: Timeline) -> float:
     """The longest per-rank span (convention of the zero-bubble papers; wall-clock is `makespan`)."""
     return max(spans(timeline).values(), default=0.0)
+
+
+# --- GPipe and 1F1B: closed forms and latency sweeps --------------------------------------------
+
+def gpipe_makespan(stage_times: Sequence[float], microbatches: int) -> float:
+    """GPipe's step without communication, from each stage's forward + backward time for one
+    microbatch: the first microbatch crosses every stage, the other m − 1 follow at the pace
+    of the slowest one, Σ t_s + (m − 1) max t_s ((m + p − 1) t when balanced)."""
+    if not stage_times:
+        raise ValueError("gpipe_makespan needs at least one stage")
+    return sum(stage_times) + (microbatches - 1) * max(stage_times)
+
+
+def latency_sweep(ranks: int, microbatches: int, latencies: Sequence[float],
+                  names: Sequence[str] = ("gpipe", "1f1b"), backward_ratio: float = 2.0,
+                  **options) -> list[dict]:
+    """Simulated makespans as the message latency grows: one row per latency c,
+    {"c": c, name: makespan, ...}, with F = 1 and a full backward of `backward_ratio` (I = W)."""
+    half = backward_ratio / 2
+    return [{"c": c, **{name: simulate_named(name, ranks, microbatches,
+                                             Costs(F=1.0, I=half, W=half, comm=c),
+                                             **options).makespan for name in names}}
+            for c in latencies]
 
 
 # --- interleaving: bubble / v against messages × v ---------------------------------------------
@@ -162,39 +185,53 @@ def _options(name: str, chunks: int) -> dict:
 def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = None, *,
                    names: Sequence[str] | None = None, chunks: int = 2,
                    i_frees: float = 0.0) -> list[dict]:
-    """One row per schedule (default: every registered one) for the same model: makespan
-    (wall-clock), longest per-rank span, bubble as a share of the makespan, and peak
-    activations (the largest over ranks and the first rank's, in units of one microbatch's
-    activations for a rank's worth of layers). A schedule that refuses these (p, m) gets a row
-    with `error` set and no numbers."""
+    """The schedule summary table that the notebooks extend chapter by chapter: one row per
+    schedule (default: every registered one) for the same model, with
+
+    - `makespan` (wall-clock) and `span` (the longest per-rank span);
+    - `bubble`: idle share of the makespan;
+    - `peaks`: peak activations per rank, `peak` the largest, `peak_first` rank 0's (units of
+      one microbatch's activations for a rank's worth of layers);
+    - `per_latency`: makespan per unit of message latency, how much longer the step gets when
+      every message costs one more unit (makespan at comm + 1 minus makespan at comm): the
+      number of messages on the critical path.
+
+    A schedule that refuses these (p, m) gets a row with `error` set and no numbers."""
+    import dataclasses
+    base = rank_costs or Costs()
+    slower = dataclasses.replace(base, comm=base.comm + 1.0)
     rows = []
     for name in (names or sorted(SCHEDULES)):
         opts = _options(name, chunks)
         row = {"name": name, "chunks": opts.get("chunks", 1)}
         try:
-            tl = simulate_named(name, ranks, microbatches, rank_costs, i_frees=i_frees, **opts)
+            tl = simulate_named(name, ranks, microbatches, base, i_frees=i_frees, **opts)
         except ValueError as error:
             row.update(error=str(error))
             rows.append(row)
             continue
+        slow = simulate_named(name, ranks, microbatches, slower, i_frees=i_frees, **opts)
         peaks = tl.peak_activations()
         row.update(makespan=tl.makespan, span=longest_span(tl),
-                   bubble=tl.bubble_fraction(), peak=max(peaks.values()), peak_first=peaks[0],
-                   error=None)
+                   bubble=tl.bubble_fraction(), peaks=[peaks[r] for r in range(tl.ranks)],
+                   peak=max(peaks.values()), peak_first=peaks[0],
+                   per_latency=slow.makespan - tl.makespan, error=None)
         rows.append(row)
     return rows
 
 
-def format_table(rows: list[dict]) -> str:
-    """`schedule_table` rows as aligned text."""
+def format_table(rows: list[dict], *, per_rank: bool = False) -> str:
+    """`schedule_table` rows as aligned text; `per_rank` adds every rank's peak activations."""
     lines = [f"{'schedule':<18}{'v':>3}{'makespan':>10}{'span':>8}{'bubble':>9}{'peak':>7}"
-             f"{'rank 0':>8}"]
+             f"{'rank 0':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {r['error'][:60]}…)")
             continue
         lines.append(f"{r['name']:<18}{r['chunks']:>3}{r['makespan']:>10.4g}{r['span']:>8.4g}"
-                     f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}")
+                     f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}"
+                     f"{r['per_latency']:>7.4g}"
+                     + ("   " + " ".join(f"{v:g}" for v in r["peaks"]) if per_rank else ""))
     return "\n".join(lines)
 
 

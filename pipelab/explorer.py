@@ -129,28 +129,46 @@ class LiveComparison(dict):
 
 
 def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **run_kwargs):
-    """Run several schedules on one cluster fairly: one discarded warm-up run of each, then
+    """Run several contenders on one cluster fairly: one discarded warm-up run of each, then
     `rounds` rounds that run every contender once, in alternating order (A B, B A, A B...), so
     that cold workers or background load never favour one of them.
 
-    `schedules`: {name: Schedule} or a list of Schedules (named by `.name`). `run_kwargs` go to
-    `cluster.run` (model=, batch_size=, ...). Returns a LiveComparison: name -> the median run
-    (by measured makespan), with `.runs[name]` = every round's RunResult and `.table()`.
+    `schedules`: {name: Schedule}, {name: (Schedule, {run settings})} (e.g. the same schedule
+    on two partitions: {"uniform": (gpipe, {"partition": u}), "cost": (gpipe, {"partition":
+    c})}), or a list of Schedules (named by `.name`). `run_kwargs` go to every `cluster.run`
+    (model=, batch_size=, ...); a contender's own settings are added to them and win on a
+    clash. Returns a LiveComparison: name -> the median run (by measured makespan), with
+    `.runs[name]` = every round's RunResult and `.table()`.
     """
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     if not isinstance(schedules, Mapping):
         schedules = {s.name: s for s in schedules}
-    names = list(schedules)
+    contenders = {}
+    for name, entry in schedules.items():
+        if isinstance(entry, tuple):
+            if len(entry) != 2 or not isinstance(entry[1], Mapping):
+                raise ValueError(f"contender {name!r}: give a Schedule or (Schedule, "
+                                 f"{{run settings}}), got a tuple of {len(entry)}")
+            sched, own = entry
+        else:
+            sched, own = entry, {}
+        contenders[name] = (sched, {**run_kwargs, **own})
+    names = list(contenders)
     if len(names) < 1:
         raise ValueError("live_compare needs at least one schedule")
+
+    def run(name):
+        sched, kwargs = contenders[name]
+        return cluster.run(sched, **kwargs)
+
     if warmup:
         for name in names:
-            cluster.run(schedules[name], **run_kwargs)
+            run(name)
     runs: dict[str, list] = {name: [] for name in names}
     for k in range(rounds):
         for name in (names if k % 2 == 0 else names[::-1]):
-            runs[name].append(cluster.run(schedules[name], **run_kwargs))
+            runs[name].append(run(name))
     return LiveComparison(runs)
 
 
@@ -177,4 +195,33 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
     out.layout.min_height = "520px"
     box = widgets.VBox([stages, method, out])
     box.add_class("pipelab-balance-explorer")
+    return box
+
+
+def basis_toggle(views: Mapping[str, Mapping], key: str = "cost"):
+    """Toggle buttons that redraw the same partitions computed on different bases, e.g.
+    {"FLOPs (model)": {method: Partition}, "measured (this run)": {method: Partition}}: the
+    balance charts side by side (`plots.plot_partitions`), then the `key` method's layout on
+    the chosen basis. Returns the widget; `.basis` is the toggle, `.views` the partitions."""
+    import ipywidgets as widgets
+    import matplotlib.pyplot as plt
+    from . import plots, ui
+    if not views:
+        raise ValueError("basis_toggle needs at least one basis")
+    names = [set(parts) for parts in views.values()]
+    if any(n != names[0] for n in names) or key not in names[0]:
+        raise ValueError(f"every basis must hold the same partitions, including {key!r}; got "
+                         + ", ".join(f"{b}: {sorted(p)}" for b, p in views.items()))
+    basis = ui.control(widgets.ToggleButtons, "balance on", options=list(views))
+
+    def draw(basis: str) -> None:
+        plots.plot_partitions(views[basis], note=basis)
+        plt.show()
+        print(f"{key} split on {basis}: {views[basis][key].layout}")
+
+    out = widgets.interactive_output(draw, {"basis": basis})
+    out.layout.min_height = "700px"
+    box = widgets.VBox([basis, out])
+    box.add_class("pipelab-basis-toggle")
+    box.basis, box.views = basis, views
     return box

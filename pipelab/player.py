@@ -155,28 +155,47 @@ def _as_timelines(timelines) -> list[Timeline]:
 
 
 def player(timelines, *, memory: bool = True, phases: bool = True, critical_path: bool = False,
-           messages: bool = True, title: str | None = None):
+           messages: bool = True, title: str | None = None,
+           titles: Sequence[str | None] | None = None):
     """A play button and a time slider over one or several timelines (e.g. measured, replayed,
     simulated), drawn on one time axis. At time t: the running boxes bright and outlined, the
     rest dimmed; arrows for messages in flight; a cursor on the memory curves with each rank's
     live activations; below, one line per rank saying what it does or waits for.
 
     `timelines`: a Timeline, a list of them, or a Schedule (simulated with unit costs).
+    `titles`: one heading per timeline (None keeps that timeline's own `.title`); `title` labels
+    the first panel only (kept for one-timeline calls). The timelines themselves are not changed.
     Returns the widget (a VBox; also usable as a cell's last expression). `.show(t)` jumps.
     """
     import ipywidgets as w
+    timelines = _as_timelines(timelines)
     box = w.VBox()
-    _setup(box, _as_timelines(timelines), memory=memory, phases=phases,
-           critical_path=critical_path, messages=messages, title=title)
+    _setup(box, timelines, memory=memory, phases=phases, critical_path=critical_path,
+           messages=messages, headings=headings(timelines, title, titles))
     return box
 
 
-def _setup(box, timelines, *, memory, phases, critical_path, messages, title) -> None:
+def headings(timelines: Sequence[Timeline], title: str | None = None,
+             titles: Sequence[str | None] | None = None) -> list[str | None]:
+    """The heading of each timeline's panels: `titles[i]` if given, else `title` for the first
+    panel, else the timeline's own `.title`."""
+    if titles is not None:
+        if title is not None:
+            raise ValueError("give `title` or `titles`, not both")
+        if isinstance(titles, str) or len(titles) != len(timelines):
+            raise ValueError(f"titles: give one per timeline ({len(timelines)}), got "
+                             f"{1 if isinstance(titles, str) else len(titles)}")
+        return [t if t is not None else (tl.title or None) for t, tl in zip(titles, timelines)]
+    return [title if (title and i == 0) else (tl.title or None) for i, tl in enumerate(timelines)]
+
+
+def _setup(box, timelines, *, memory, phases, critical_path, messages, headings) -> None:
     import ipywidgets as w
     from matplotlib.figure import Figure
     from . import plots, ui
 
     box.timelines = timelines
+    box.headings = headings
     box.factors = _clock_factors(timelines)
     box.frames = frame_times(timelines)
     scale, unit = plots._time_scale(timelines[0])
@@ -200,7 +219,7 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, title) ->
         mem_max[mem_unit] = max(mem_max.get(mem_unit, 0.0), peak)
     for (what, i, _), ax in zip(rows, axes):
         tl = timelines[i]
-        heading = title if (title and i == 0) else (tl.title or None)
+        heading = headings[i]
         if what == "gantt":
             plots.plot_gantt(tl, ax=ax, title=heading, critical_path=critical_path,
                              phases=phases)
@@ -305,7 +324,7 @@ def _draw_frame(box, t: float) -> None:
             box.markers[i].set_offsets([(local * scale, live[r] / mem_scale)
                                         for r in range(tl.ranks)])
         flying = messages_in_flight(tl, local)
-        name = html.escape(f"{tl.title or 'pipeline'} ({tl.source})")
+        name = html.escape(f"{box.headings[i] or 'pipeline'} ({tl.source})")
         text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
         text += [html.escape(line) for line in status(tl, local)]
     for i, cursor in box.cursors:

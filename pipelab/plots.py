@@ -148,15 +148,13 @@ def _draw_path(ax, timeline, path, bars, scale) -> None:
 
 
 def path_summary(timeline, path=None) -> str:
-    """"critical path: 22 actions = 33 compute + 8 comm (16 messages) + 0 waiting"."""
-    path = timeline.critical_path() if path is None else path
+    """"critical path: 22 actions = 33 compute + 8 comm + 0 waiting units; 16 rank crossings"
+    (text of `Timeline.path_summary`)."""
+    summary = timeline.path_summary(path)
     scale, unit = _time_scale(timeline)
-    compute = sum(s.duration for s in path) * scale
-    comm = sum(s.comm_before for s in path) * scale
-    wait = sum(s.wait_before for s in path) * scale
-    hops = sum(1 for s in path if s.comm_before > 0)
-    return (f"critical path: {len(path)} actions = {compute:.4g} compute + {comm:.4g} comm "
-            f"({hops} messages) + {wait:.4g} waiting {unit}")
+    return (f"critical path: {summary.actions} actions = {summary.compute * scale:.4g} compute + "
+            f"{summary.comm * scale:.4g} comm + {summary.waiting * scale:.4g} waiting {unit}; "
+            f"{summary.crossings} rank crossings")
 
 
 def _multi_stage(timeline) -> bool:
@@ -300,6 +298,28 @@ def plot_balance(parts, ax=None, title: str | None = None):
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
     ax.set_title(title or f"{parts.method}: {parts.layout}", fontsize=10)
     return ax
+
+
+def plot_partitions(parts, note: str = "", cols: int = 2, panel_size=(7.0, 3.25)):
+    """Several partitions' balance charts side by side on one y-scale: `parts` maps a label
+    to a Partition; each panel is titled "label: layout  (note)". Returns the figure."""
+    import matplotlib.pyplot as plt
+    items = list(parts.items())
+    if not items:
+        raise ValueError("plot_partitions needs at least one partition")
+    cols = min(cols, len(items))
+    rows = -(-len(items) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows),
+                             sharey=True, squeeze=False)
+    suffix = f"  ({note})" if note else ""
+    for ax, (label, p) in zip(axes.flat, items):
+        p.plot(ax=ax, title=f"{label}: {p.layout}{suffix}")
+    for ax in axes.flat[len(items):]:
+        ax.set_visible(False)
+    for ax in axes[:, 1:].flat:
+        ax.set_ylabel("")                        # one y-scale, labelled once per row
+    fig.tight_layout()
+    return fig
 
 
 VOCAB_LAYER_COLOUR = "#C44E52"    # embedding and head: the layers that are unlike the blocks

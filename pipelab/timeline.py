@@ -21,6 +21,26 @@ def _comm_kinds() -> set[str]:
     return comm_kinds()
 
 
+@dataclass(frozen=True)
+class PathSummary:
+    """A critical path in numbers (times in the timeline's unit).
+
+    `crossings`: how often the path changes rank (each change is a message, whatever it
+    costs); `messages`: the crossings that cost latency (`comm_before` > 0; 0 when c = 0, and
+    for measured timelines, whose latency shows as `waiting`)."""
+    actions: int
+    compute: float
+    comm: float
+    waiting: float
+    crossings: int
+    messages: int
+
+    @property
+    def total(self) -> float:
+        """compute + comm + waiting: the makespan, for a path from `critical_path()`."""
+        return self.compute + self.comm + self.waiting
+
+
 class Event(NamedTuple):
     rank: int
     action: Action
@@ -208,6 +228,19 @@ class Timeline:
             event = pred
         steps.reverse()
         return steps
+
+    def path_summary(self, path: list[PathStep] | None = None) -> PathSummary:
+        """What the critical path (default: `critical_path()`) is made of: compute, message
+        latency, waiting, and how often it changes rank. A simulated timeline's makespan is
+        `compute + comm + waiting` (and `compute + crossings × comm` when no step waits)."""
+        path = self.critical_path() if path is None else path
+        crossings = sum(a.event.rank != b.event.rank for a, b in zip(path, path[1:]))
+        return PathSummary(actions=len(path),
+                           compute=sum(s.duration for s in path),
+                           comm=sum(s.comm_before for s in path),
+                           waiting=sum(s.wait_before for s in path),
+                           crossings=crossings,
+                           messages=sum(1 for s in path if s.comm_before > 0))
 
     def phases(self) -> dict[int, list[tuple[str, float, float]]]:
         """Per rank, [(phase, start, end)] with times relative to `start`, empty phases left out.

@@ -114,6 +114,25 @@ def test_schedule_table_rows():
     assert rows["zb-v"]["peak"] == 4 and rows["zb-v"]["span"] == 24
     assert rows["1f1b"]["bubble"] == pytest.approx(3 / 11)
     assert rows["zb-h1"]["bubble"] == pytest.approx(3 / 27)
+    assert rows["gpipe"]["peaks"] == [8] * 4 and rows["1f1b"]["peaks"] == [4, 3, 2, 1]
+    assert rows["zb-h2"]["peak_first"] == rows["zb-h2"]["peaks"][0]
+
+
+def test_schedule_table_makespan_per_unit_of_latency():
+    unit = pl.Costs(F=1.0, I=1.0, W=1.0)
+    rows = {r["name"]: r for r in compare.schedule_table(4, 8, unit, names=["gpipe", "1f1b"])}
+    # GPipe pays the latency once down and once up; 1F1B once per crossing of its path (2m)
+    assert rows["gpipe"]["per_latency"] == 2 * (4 - 1) and rows["1f1b"]["per_latency"] == 16
+    one_f = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=8), pl.Costs(comm=0.5))
+    assert rows["1f1b"]["per_latency"] == one_f.path_summary().crossings
+    # measured from the given latency, not from zero: the table's other numbers keep it
+    slow = {r["name"]: r for r in compare.schedule_table(
+        4, 8, pl.Costs(comm=0.5), names=["gpipe", "1f1b"])}
+    assert slow["1f1b"]["makespan"] == 41 and slow["gpipe"]["makespan"] == 36
+    assert slow["gpipe"]["per_latency"] == 6 and slow["1f1b"]["per_latency"] == 16
+    text = compare.format_table(list(rows.values()), per_rank=True)
+    assert "per c" in text and "4 3 2 1" in text and "8 8 8 8" in text
+    assert "peak per rank" not in compare.format_table(list(rows.values()))
 
 
 def test_schedule_table_keeps_a_row_for_a_refused_schedule():
@@ -216,3 +235,39 @@ def test_gain_check_predicts_each_round_from_its_own_costs():
     assert check.error("replayed") == pytest.approx(0.0, abs=1e-9)
     # The table fitted on all six runs is the medians': a mixture of fast and slow.
     assert check.costs.F == pytest.approx([0.020, 0.020])
+
+
+def test_pl_compare_is_imported_without_loading_the_drawing_libraries():
+    import subprocess
+    import sys
+    code = ("import sys, pipelab as pl; assert pl.compare.schedule_table; "
+            "print(sorted(m for m in ('ipywidgets', 'matplotlib', 'IPython') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_gpipe_makespan_is_the_simulated_one_for_unbalanced_stages():
+    cfg = pl.ModelConfig(n_layers=8, d_model=64, n_heads=4, vocab_size=2048, seq_len=32)
+    for method in ("uniform", "cost"):
+        part = pl.partition(cfg, 4, method, batch_size=8)
+        costs = part.costs()                      # MFLOP; B = 2F split as I = W = F
+        assert costs.unit == "MFLOP" and costs.F == [f / 1e6 for f in part.flops]
+        assert costs.I == costs.W == costs.F
+        tl = pl.simulate(pl.schedule("gpipe", ranks=4, microbatches=8), costs)
+        closed = compare.gpipe_makespan([3 * f / 1e6 for f in part.flops], 8)
+        assert tl.makespan == pytest.approx(closed, rel=1e-12)
+    assert compare.gpipe_makespan([1.0, 3.0, 2.0], 4) == 6 + 3 * 3
+    assert compare.gpipe_makespan([3.0] * 4, 8) == 33          # (m + p − 1)(F + B)
+    half = pl.partition(cfg, 2, "uniform").costs(backward_ratio=3.0, per_unit=1, unit="FLOP")
+    assert half.I[0] == half.W[0] == 1.5 * half.F[0]
+    with pytest.raises(ValueError):
+        compare.gpipe_makespan([], 4)
+
+
+def test_latency_sweep_rows():
+    rows = compare.latency_sweep(4, 8, [0.0, 0.5, 1.0])
+    assert [r["c"] for r in rows] == [0.0, 0.5, 1.0]
+    assert [(r["gpipe"], r["1f1b"]) for r in rows] == [(33, 33), (36, 41), (39, 49)]
+    big = compare.latency_sweep(6, 16, [0.5], backward_ratio=3.0, names=["gpipe", "1f1b"])
+    assert (big[0]["gpipe"], big[0]["1f1b"]) == (89, 101)
+    assert set(compare.latency_sweep(2, 2, [0.0], names=["zb-h1"])[0]) == {"c", "zb-h1"}

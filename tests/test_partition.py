@@ -231,7 +231,7 @@ def test_balance_explorer_redraws(capsys) -> None:
     import matplotlib.pyplot as plt
     from pipelab.explorer import balance_explorer
     box = balance_explorer(cfg(4))
-    slider, dropdown = box.children[:2]            # one control per row
+    slider, dropdown = box.children[:2]       # one control per row, then the output
     assert (slider.min, slider.max) == (1, 6) and tuple(dropdown.options) == ("uniform", "params", "cost")
     capsys.readouterr()
     dropdown.value = "uniform"

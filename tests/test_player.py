@@ -185,3 +185,45 @@ def test_live_compare_warms_up_then_alternates_and_keeps_the_median():
     cold = _FakeCluster([1.0, 2.0])
     pl.explorer.live_compare(cold, {"x": a, "y": b}, rounds=1, warmup=False)
     assert len(cold.calls) == 2
+
+
+def test_live_compare_takes_per_contender_run_settings():
+    g = pl.schedule("gpipe", ranks=2, microbatches=2)
+    #                 warm-up  r1 (u c)  r2 (c u)
+    cluster = _FakeCluster([9, 9, 3.0, 5.0, 4.0, 1.0])
+    live = pl.explorer.live_compare(
+        cluster, {"uniform": (g, {"partition": "U"}), "cost": (g, {"partition": "C",
+                                                                   "batch_size": 8})},
+        rounds=2, model="cfg", batch_size=4)
+    kwargs = [kw for _, kw in cluster.calls]
+    assert [kw["partition"] for kw in kwargs] == ["U", "C", "U", "C", "C", "U"]
+    assert all(kw["model"] == "cfg" for kw in kwargs)
+    # the contender's own setting wins over the common one, and only for that contender
+    assert [kw["batch_size"] for kw in kwargs] == [4, 8, 4, 8, 8, 4]
+    assert [r.timeline.makespan for r in live.runs["uniform"]] == [3.0, 1.0]
+    assert [r.timeline.makespan for r in live.runs["cost"]] == [5.0, 4.0]
+    with pytest.raises(ValueError, match="run settings"):
+        pl.explorer.live_compare(cluster, {"x": (g, {}, 3)})
+    with pytest.raises(ValueError, match="run settings"):
+        pl.explorer.live_compare(cluster, {"x": (g, "partition")})
+
+
+def test_player_titles_one_per_timeline():
+    from pipelab.player import headings
+    a = pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), pl.Costs())
+    b = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=2), pl.Costs())
+    b.title = "own"
+    assert headings([a, b], titles=["A", "B"]) == ["A", "B"]
+    assert headings([a, b], titles=["A", None]) == ["A", "own"]
+    assert headings([a, b], title="T") == ["T", "own"]
+    with pytest.raises(ValueError, match="one per timeline"):
+        headings([a, b], titles=["A"])
+    with pytest.raises(ValueError, match="one per timeline"):
+        headings([a, b], titles="AB")
+    with pytest.raises(ValueError, match="not both"):
+        headings([a, b], title="T", titles=["A", "B"])
+    box = pl.explorer.player([a, b], titles=["first", "second"], memory=True)
+    shown = [ax.get_title().split(" — ")[0] for ax in box.figure.axes]
+    assert shown == ["first", "first", "second", "second"]
+    assert b.title == "own"                   # the timelines themselves are left alone
+    assert "second (simulated)" in box.status.value and "own (" not in box.status.value

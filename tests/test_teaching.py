@@ -136,6 +136,31 @@ def test_one_f_one_b_puts_latency_on_its_critical_path_once_per_round_trip():
         assert tl.makespan == 33 + hops[tl.schedule.name] * c
 
 
+def test_path_summary_counts_crossings_whatever_the_latency():
+    p, m = 4, 8
+    for c in (0.0, 0.5):
+        costs = pl.Costs(F=1.0, I=1.0, W=1.0, comm=c)
+        one_f = pl.simulate(pl.schedule("1f1b", ranks=p, microbatches=m), costs)
+        s = one_f.path_summary()
+        assert isinstance(s, pl.timeline.PathSummary)
+        assert s.actions == len(one_f.critical_path()) and s.compute == 33
+        assert s.waiting == 0 and s.total == one_f.makespan
+        # the path is the same chain at c = 0: rank changes counted, whether or not they cost
+        assert s.crossings == 16 and s.comm == 16 * c
+        assert s.messages == (16 if c else 0)
+        text = pl.plots.path_summary(one_f)
+        assert "16 rank crossings" in text and f"{s.comm:.4g} comm" in text
+    gpipe = pl.simulate(pl.schedule("gpipe", ranks=p, microbatches=m), pl.Costs(comm=0.5))
+    assert gpipe.path_summary().crossings == 2 * (p - 1)
+    tl = pl.simulate(pl.schedule("1f1b", ranks=3, microbatches=4), pl.Costs(comm=0.25))
+    bare = pl.Timeline(tl.events, tl.ranks, source="measured", memory=tl.memory, time_unit="units")
+    measured = bare.path_summary()      # no comm known: latency is waiting, crossings still seen
+    assert measured.comm == 0 and measured.messages == 0
+    assert measured.crossings == tl.path_summary().crossings > 0
+    assert measured.waiting == pytest.approx(tl.path_summary().comm)
+    assert pl.Timeline([], 2).path_summary() == pl.timeline.PathSummary(0, 0, 0, 0, 0, 0)
+
+
 def test_critical_path_of_a_timeline_without_schedule_uses_the_rebuilt_one():
     tl = pl.simulate(pl.schedule("1f1b", ranks=3, microbatches=4), pl.Costs(comm=0.25))
     bare = pl.Timeline(tl.events, tl.ranks, source="measured", memory=tl.memory, time_unit="units")
@@ -197,7 +222,7 @@ def test_compare_shares_time_axis_and_memory_scale():
     assert len(lefts) == len(rights) == 1                    # panels line up
     legend = [t.get_text() for t in axes[1].get_legend().get_texts()]
     assert legend[0] == "rank 0 peak 8 units\n= 36 MiB"
-    assert "16 messages" in axes[2].get_title()
+    assert "16 rank crossings" in axes[2].get_title()
     plt.close("all")
     only_memory = pl.plots.compare([gpipe, one_f], memory=True, gantt=False)
     assert len(only_memory.axes) == 2 and "memory" in only_memory.axes[0].get_title()

@@ -6,6 +6,7 @@ import matplotlib
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt  # noqa: E402
+import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
 from pipelab import ui, widgets  # noqa: E402
@@ -110,4 +111,28 @@ def test_explorers_use_the_shared_layout():
     balance = pl.explorer.balance_explorer(pl.ModelConfig())
     assert [type(c).__name__ for c in balance.children] == ["IntSlider", "Dropdown", "Output"]
     assert balance.children[0].layout.width == ui.CONTROL_WIDTH
+    plt.close("all")
+
+
+def test_plot_partitions_and_the_basis_toggle(capsys):
+    cfg = pl.ModelConfig(n_layers=4)
+    flops = {m: pl.partition(cfg, 2, m) for m in ("uniform", "params", "cost")}
+    times = [1.0] + [0.1] * (cfg.total_layers - 1)            # a slow embedding moves the cut
+    measured = {m: pl.partition(cfg, 2, m, layer_times=times) for m in flops}
+    assert measured["cost"].layout != flops["cost"].layout
+    fig = pl.plots.plot_partitions(flops, note="FLOPs")
+    shown = [ax for ax in fig.axes if ax.get_visible() and ax.get_title()]
+    assert [ax.get_title() for ax in shown] == [f"{m}: {p.layout}  (FLOPs)" for m, p in flops.items()]
+    assert not fig.axes[3].get_visible()                       # 3 charts on a 2 × 2 grid
+    assert shown[0].get_ylabel() and not shown[1].get_ylabel() and shown[2].get_ylabel()
+    plt.close("all")
+    box = pl.explorer.basis_toggle({"FLOPs (model)": flops, "measured (this run)": measured})
+    assert list(box.basis.options) == ["FLOPs (model)", "measured (this run)"]
+    assert box.basis.layout.width == ui.CONTROL_WIDTH
+    box.basis.value = "measured (this run)"
+    assert f"cost split on measured (this run): {measured['cost'].layout}" in capsys.readouterr().out
+    box.basis.value = "FLOPs (model)"
+    assert f"cost split on FLOPs (model): {flops['cost'].layout}" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="same partitions"):
+        pl.explorer.basis_toggle({"a": flops, "b": {"cost": flops["cost"]}})
     plt.close("all")
