@@ -118,21 +118,10 @@ class Costs:
                 raise ValueError(f"no cost for action kind {kind!r}: give it in the table, e.g. "
                                  f"pl.Costs(kinds={{{kind!r}: 1.0}}), or use per_action")
             return spec.cost(self, stage)
-        if isinstance(value, list):
-            if stage >= len(value):
-                raise ValueError(f"Costs.{kind} has {len(value)} per-stage values, "
-                                 f"but the schedule has stage {stage}")
-            return float(value[stage])
-        return float(value)
+        return _at_stage(kind, value, stage)
 
     def of_parameter_bytes(self, stage: int) -> float:
-        value = self.parameter_bytes
-        if isinstance(value, list):
-            if stage >= len(value):
-                raise ValueError(f"Costs.parameter_bytes has {len(value)} per-stage values, "
-                                 f"but the schedule has stage {stage}")
-            return float(value[stage])
-        return float(value)
+        return _at_stage("parameter_bytes", self.parameter_bytes, stage)
 
     def duration(self, action, microbatches: int = 1) -> float:
         """Time of one step: an action, or the sum of a compound's parts; with `per="batch"`,
@@ -147,6 +136,16 @@ class Costs:
 def _per_microbatch(kind: str) -> bool:
     spec = KIND_SPECS.get(kind)
     return spec is None or spec.per_microbatch
+
+
+def _at_stage(name: str, value, stage: int) -> float:
+    """A table entry for one stage: the number itself, or the stage's item of a per-stage list."""
+    if isinstance(value, list):
+        if stage >= len(value):
+            raise ValueError(f"Costs.{name} has {len(value)} per-stage values, "
+                             f"but the schedule has stage {stage}")
+        return float(value[stage])
+    return float(value)
 
 
 def _checked(name: str, value, per_stage: bool = True):

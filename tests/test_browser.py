@@ -143,14 +143,19 @@ def _run_all_cells(page) -> None:
     page.locator(".lm-Menu-itemLabel:visible", has_text=re.compile(r"^Run All Cells$")).click()
 
 
-@pytest.mark.timeout(400)
-def test_welcome_notebook_widget_trains_in_browser(lab, page):
+def _checked(check, lab, page, name: str) -> None:
+    """Run a browser check; on failure keep a screenshot of the page and say where it is."""
     try:
-        _check_welcome_notebook(lab, page)
+        check(lab, page)
     except BaseException:
-        shot = _screenshot(page, "welcome-failure")
+        shot = _screenshot(page, f"{name}-failure")
         print(f"screenshot of the page: {shot}; server log: {lab.log}")
         raise
+
+
+@pytest.mark.timeout(400)
+def test_welcome_notebook_widget_trains_in_browser(lab, page):
+    _checked(_check_welcome_notebook, lab, page, "welcome")
 
 
 def _screenshot(page, name: str, **kwargs) -> Path:
@@ -243,12 +248,7 @@ def _write_teach_notebook(folder: Path) -> str:
 
 @pytest.mark.timeout(300)
 def test_player_and_predict_in_browser(lab, page):
-    try:
-        _check_teaching_widgets(lab, page)
-    except BaseException:
-        shot = _screenshot(page, "teach-failure")
-        print(f"screenshot of the page: {shot}; server log: {lab.log}")
-        raise
+    _checked(_check_teaching_widgets, lab, page, "teach")
 
 
 def _check_teaching_widgets(lab, page) -> None:

@@ -1,6 +1,6 @@
 """The multi-process runtime computes what the unsplit model computes, and measures it honestly.
 
-One LocalCluster per rank count, shared by the module (starting workers costs seconds).
+One LocalCluster per rank count, shared by the module (`clusters` in conftest.py).
 """
 from __future__ import annotations
 
@@ -12,20 +12,6 @@ import torch
 import pipelab as pl
 
 CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)   # 6 layers in all
-
-
-@pytest.fixture(scope="module")
-def clusters():
-    made: dict[int, pl.LocalCluster] = {}
-
-    def get(ranks: int) -> pl.LocalCluster:
-        if ranks not in made:
-            made[ranks] = pl.LocalCluster(ranks, timeout=60)
-        return made[ranks]
-
-    yield get
-    for cluster in made.values():
-        cluster.close()
 
 
 def assert_exact(res: pl.RunResult) -> None:

@@ -1,7 +1,7 @@
 """Interleaved 1F1B, looped BFS and the zero-bubble schedules run live, several stages per rank
 and split backwards included, and compute exactly what the unsplit model computes.
 
-One LocalCluster per rank count, shared by the module (starting workers costs seconds).
+One LocalCluster per rank count, shared by the module (`clusters` in conftest.py).
 """
 from __future__ import annotations
 
@@ -10,20 +10,6 @@ import pytest
 import pipelab as pl
 
 CFG = pl.ModelConfig(n_layers=6, d_model=32, n_heads=4, seq_len=16)   # 8 layers in all
-
-
-@pytest.fixture(scope="module")
-def clusters():
-    made: dict[int, pl.LocalCluster] = {}
-
-    def get(ranks: int) -> pl.LocalCluster:
-        if ranks not in made:
-            made[ranks] = pl.LocalCluster(ranks, timeout=60)
-        return made[ranks]
-
-    yield get
-    for cluster in made.values():
-        cluster.close()
 
 
 # (schedule, ranks, microbatches, options, partition): stages = ranks × chunks; None = uniform.
