@@ -372,10 +372,13 @@ def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
 
 # --- explorers (sliders in, simulated pictures out) ----------------------------------------------
 
-def _slider_box(controls: dict, draw):
+def _slider_box(controls: dict, draw, min_height: str = "520px"):
+    """The controls, one per row, above an output that keeps its height while redrawn (a
+    refused setting prints one line instead of the charts: the page must not jump)."""
     import ipywidgets as w
     from IPython.display import display
     out = w.interactive_output(draw, controls)
+    out.layout.min_height = min_height
     box = w.VBox([*controls.values(), out])
     box.controls = controls
     display(box)
@@ -386,20 +389,15 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
                           comm: float = 0.0):
     """Sliders for v, p, m and the communication cost (in units of a rank's forward): 1F1B and
     interleaved 1F1B simulated for the same model on one time axis, with the crossover."""
-    import ipywidgets as w
     import matplotlib.pyplot as plt
+    from . import ui
     from .plots import compare as compare_plot
-    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
     controls = {
-        "chunks": w.IntSlider(value=chunks, min=1, max=4, description="chunks per rank v",
-                              style=style, layout=layout),
-        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
-                             layout=layout),
-        "microbatches": w.IntSlider(value=microbatches, min=2, max=32, description="microbatches m",
-                                    style=style, layout=layout),
-        "comm": w.FloatSlider(value=comm, min=0.0, max=2.0, step=0.05,
-                              description="message cost c (× rank's forward)", style=style,
-                              layout=layout),
+        "chunks": ui.slider("int", "chunks per rank v", value=chunks, min=1, max=4),
+        "ranks": ui.slider("int", "ranks p", value=ranks, min=2, max=8),
+        "microbatches": ui.slider("int", "microbatches m", value=microbatches, min=2, max=32),
+        "comm": ui.slider("float", "message cost c (× rank's forward)", value=comm, min=0.0,
+                          max=2.0, step=0.05),
     }
 
     def draw(chunks, ranks, microbatches, comm):
@@ -433,20 +431,17 @@ def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microb
     makespan both printed."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
+    from . import ui
     from .plots import compare as compare_plot
-    style, layout = {"description_width": "220px"}, w.Layout(width="600px")
 
     def slider(value, description, lo=0.25, hi=3.0, step=0.25):
-        return w.FloatSlider(value=value, min=lo, max=hi, step=step, description=description,
-                             style=style, layout=layout)
+        return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
 
     controls = {
-        "name": w.Dropdown(options=list(names), value=names[1] if len(names) > 1 else names[0],
-                           description="schedule", style=style, layout=layout),
-        "ranks": w.IntSlider(value=ranks, min=2, max=8, description="ranks p", style=style,
-                             layout=layout),
-        "microbatches": w.IntSlider(value=microbatches, min=1, max=32,
-                                    description="microbatches m", style=style, layout=layout),
+        "name": ui.control(w.Dropdown, "schedule", options=list(names),
+                           value=names[1] if len(names) > 1 else names[0]),
+        "ranks": ui.slider("int", "ranks p", value=ranks, min=2, max=8),
+        "microbatches": ui.slider("int", "microbatches m", value=microbatches, min=1, max=32),
         "F": slider(1.0, "forward F"), "I": slider(1.0, "input gradient I"),
         "W": slider(1.0, "weight gradient W"),
         "comm": slider(0.0, "message cost c", lo=0.0, hi=1.0, step=0.05),

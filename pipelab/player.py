@@ -324,7 +324,8 @@ def _draw_frame(box, t: float) -> None:
             box.markers[i].set_offsets([(local * scale, live[r] / mem_scale)
                                         for r in range(tl.ranks)])
         flying = messages_in_flight(tl, local)
-        name = html.escape(f"{box.headings[i] or 'pipeline'} ({tl.source})")
+        heading = box.headings[i] or "pipeline"
+        name = html.escape(heading if tl.source in heading else f"{heading} ({tl.source})")
         text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
         text += [html.escape(line) for line in status(tl, local)]
     for i, cursor in box.cursors:

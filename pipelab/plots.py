@@ -27,6 +27,12 @@ def _time_scale(timeline) -> tuple[float, str]:
     return (1e3, "ms") if timeline.time_unit == "s" else (1.0, timeline.time_unit)
 
 
+def _with_source(heading: str, source: str) -> str:
+    """'heading — simulated': every chart says where its numbers come from, once (a title that
+    already names its source keeps it as it is)."""
+    return heading if source in heading else f"{heading} — {source}"
+
+
 def kind_colour(kind: str) -> str:
     return KIND_COLOURS.get(kind, OTHER_COLOUR)
 
@@ -124,8 +130,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     if legend:
         ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
                   frameon=False)
-    heading = title or timeline.title or "pipeline"
-    ax.set_title(f"{heading} — {timeline.source}: makespan {timeline.makespan * scale:.4g} {unit}, "
+    heading = _with_source(title or timeline.title or "pipeline", timeline.source)
+    ax.set_title(f"{heading}: makespan {timeline.makespan * scale:.4g} {unit}, "
                  f"bubble {timeline.bubble_fraction():.1%} of the makespan{note}", fontsize=10)
     return ax
 
@@ -199,8 +205,8 @@ def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None 
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel(f"live activations\n({mem_unit})", fontsize=9)
     ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
-    heading = title or timeline.title or "pipeline"
-    ax.set_title(f"{heading} — {timeline.source} activation memory", fontsize=10)
+    heading = _with_source(title or timeline.title or "pipeline", timeline.source)
+    ax.set_title(f"{heading} activation memory", fontsize=10)
     return ax
 
 

@@ -247,3 +247,14 @@ def test_gantt_tells_chunks_and_new_kinds_apart():
     assert len(set(colours.values())) == 3                  # F, I and W all differ
     assert pl.plots.kind_colour("X") == pl.plots.OTHER_COLOUR
     plt.close("all")
+
+
+def test_a_chart_names_its_source_once():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    tl = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=2))
+    assert tl.plot(title="1F1B").get_title().startswith("1F1B — simulated: makespan")
+    titled = tl.plot(title="1F1B, simulated").get_title()
+    assert titled.startswith("1F1B, simulated: makespan") and titled.count("simulated") == 1
+    plt.close("all")
