@@ -102,11 +102,8 @@ class Schedule:
 
     def dependencies(self, action) -> list[Action]:
         """Actions that must finish before `action` (or a compound step) can start."""
-        return self.step_dependencies(action)
-
-    def step_dependencies(self, item) -> list[Action]:
         from .graph import step_dependencies
-        return step_dependencies(self, item)
+        return step_dependencies(self, action)
 
     def execution_order(self) -> list:
         """A validated execution order (graph.py), cached while the schedule is unchanged."""
