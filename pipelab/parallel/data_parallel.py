@@ -102,6 +102,5 @@ def replicas_of(schedule) -> int:
 
 
 def has_reductions(schedule) -> bool:
-    return any(part.kind == "AR" for acts in schedule.actions for item in acts
-               for part in item.parts)
+    return "AR" in schedule.kinds()
 

@@ -19,7 +19,7 @@ from ..schedules.kinds import KIND_SPECS
 def plugins_for(schedule) -> tuple[str, ...]:
     """Modules the workers must import for this schedule; ValueError for ones they cannot."""
     from .handlers import HANDLERS
-    kinds = sorted({part.kind for acts in schedule.actions for item in acts for part in item.parts})
+    kinds = sorted(schedule.kinds())
     missing = [k for k in kinds if k not in HANDLERS]
     if missing:
         raise ValueError(f"schedule: the runtime has no handler for action kind(s) {missing}; "
