@@ -48,7 +48,7 @@ def import_plugins(modules) -> None:
 def collective_groups(schedule) -> list[tuple[int, ...]]:
     """Every distinct set of ranks that runs a collective of this schedule, in a fixed order."""
     groups = {members_of(schedule, part) for acts in schedule.actions for item in acts
-              for part in item.parts if KIND_SPECS[part.kind].members is not None}
+              for part in item.parts if KIND_SPECS[part.kind].collective}
     return sorted(groups)
 
 

@@ -77,7 +77,7 @@ def execution_order(schedule) -> list[OrderEntry]:
     arrived: dict = defaultdict(set)        # collective step -> member ranks already there
     ready = list(range(s.ranks))
     order: list[OrderEntry] = []
-    collective = {k for k, spec in KIND_SPECS.items() if spec.members is not None}
+    collective = {k for k, spec in KIND_SPECS.items() if spec.collective}
     while ready:
         rank = ready.pop()
         acts = s.actions[rank]
