@@ -115,7 +115,7 @@ def main() -> None:
           f"{args.rows}x{args.seq_len} tokens, d_model {args.d_model}, {args.layers} blocks; "
           f"median of {args.repeats}; load average {load_before:.1f} before, "
           f"{load_after:.1f} after (wall-clock figures need a quiet machine)")
-    print(f"per microbatch F+B CPU per stage (ms): "
+    print("per microbatch F+B CPU per stage (ms): "
           + ", ".join(f"{x:.1f}" for x in rows[-1][1]["stage_ms"])
           + f"; single process: {single['measured'] * 1e3:.1f} ms per step")
     head = (f"{'schedule':<17}{'single ms':>10}{'pipe ms':>9}{'replay ms':>10}{'speed-up':>9}"

@@ -34,7 +34,6 @@ import dataclasses
 import inspect
 import os
 import statistics
-import sys
 
 import pipelab as pl
 from pipelab.bench.torch_side import TORCH_PEERS, make_job, torch_table

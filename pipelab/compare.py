@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from statistics import median
 from typing import Sequence
 
 from .schedules import SCHEDULES, schedule
@@ -270,7 +271,7 @@ def fit_costs(*runs) -> Costs:
         raise ValueError(f"runs split the model differently (stages {sorted(stages)})")
     events = [e for r in runs for e in r.timeline.events]
     merged = Timeline(events, runs[0].schedule.ranks, source="measured", time_unit="s")
-    comm = _median(r.comm_latency for r in runs)
+    comm = median(r.comm_latency for r in runs)
     return Costs.fit(merged, stages.pop(), comm=comm)
 
 
@@ -327,12 +328,6 @@ class GainCheck:
         return "\n".join(lines)
 
 
-def _median(values) -> float:
-    values = sorted(values)
-    n = len(values)
-    return values[n // 2] if n % 2 else (values[n // 2 - 1] + values[n // 2]) / 2
-
-
 def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
     """Compare live runs of the same model (e.g. 1F1B and ZB-H1): the saving the simulator
     predicts from the runs' own measured costs against the replayed and measured savings.
@@ -354,17 +349,17 @@ def gain_check(base_run, new_run, costs: Costs | None = None) -> GainCheck:
 
     if paired:
         rounds = [predict(fit_costs(b, n)) for b, n in zip(base_runs, new_runs)]
-        predicted = {"base": _median(b for b, _ in rounds), "new": _median(n for _, n in rounds)}
-        savings = {"predicted": _median(b - n for b, n in rounds)}
+        predicted = {"base": median(b for b, _ in rounds), "new": median(n for _, n in rounds)}
+        savings = {"predicted": median(b - n for b, n in rounds)}
     else:
         b, n = predict(costs)
         predicted, savings = {"base": b, "new": n}, {"predicted": b - n}
     views = {"replayed": lambda r: r.replay.makespan, "measured": lambda r: r.timeline.makespan}
-    live = {key: {"base": _median(view(r) for r in base_runs),
-                  "new": _median(view(r) for r in new_runs)} for key, view in views.items()}
+    live = {key: {"base": median(view(r) for r in base_runs),
+                  "new": median(view(r) for r in new_runs)} for key, view in views.items()}
     for key, view in views.items():
         if paired:
-            savings[key] = _median(view(b) - view(n) for b, n in zip(base_runs, new_runs))
+            savings[key] = median(view(b) - view(n) for b, n in zip(base_runs, new_runs))
         else:
             savings[key] = live[key]["base"] - live[key]["new"]
     return GainCheck(costs, predicted, live["replayed"], live["measured"], savings)

@@ -75,9 +75,9 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
     def draw(name, ranks, microbatches, backward_ratio, comm, fixed_batch, critical_path):
         per = "batch" if fixed_batch else "microbatch"
         tl = simulate_named(name, ranks, microbatches, backward_ratio, comm, per=per)
-        fig = plots.compare([tl], titles=[f"{name}, p={ranks}, m={microbatches}"],
-                            memory=memory, critical_path=critical_path, phases=True,
-                            panel_height=GANTT_HEIGHT)
+        plots.compare([tl], titles=[f"{name}, p={ranks}, m={microbatches}"],
+                      memory=memory, critical_path=critical_path, phases=True,
+                      panel_height=GANTT_HEIGHT)
         plt.show()
         if fixed_batch:
             print(f"fixed batch: F + B of the whole batch = {1 + backward_ratio:g}, "

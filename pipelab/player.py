@@ -11,17 +11,16 @@ import io
 from bisect import bisect_right
 from typing import NamedTuple, Sequence
 
+from .schedules.kinds import ACTIVATION, KIND_SPECS
 from .timeline import Event, Timeline
 
 
 class Message(NamedTuple):
-    """An output crossing ranks: sent when `producer` ended, received when `consumer` starts."""
+    """An output crossing ranks: sent when `producer` ended, received when `consumer` starts;
+    `what` travels ("activation" or "gradient")."""
     producer: Event
     consumer: Event
-
-    @property
-    def what(self) -> str:
-        return "activation" if self.producer.action.kind == "F" else "gradient"
+    what: str
 
 
 # --- what happens at time t (t is measured from the timeline's start) -----------------------
@@ -92,10 +91,22 @@ def _why_waiting(tl: Timeline, next_event: Event, now: float, comm: float) -> st
     if not pending:      # measured runs: the inputs are here, the rank is still getting to it
         return f"its inputs have arrived; next: {next_event.action}"
     _, dep = max(pending, key=lambda p: (p[0], p[1].rank))
-    what = "activation" if dep.action.kind == "F" else "gradient"
+    what = _carried(tl, dep, next_event)
     where = "in flight" if dep.end <= now else f"rank {dep.rank} still computing it" \
         if dep.rank != next_event.rank else "computed here first"
     return f"waiting for {dep.action}'s {what}, {where}; next: {next_event.action}"
+
+
+def _carried(tl: Timeline, producer: Event, consumer: Event) -> str:
+    """What `consumer` reads from `producer`: "activation" if the part it reads produces
+    activations (its kind spec says so), else "gradient". Read per part: a compound step
+    (`0F1+0B0`) sends both."""
+    schedule, made = tl.dependency_schedule(), set(producer.action.parts)
+    for part in consumer.action.parts:
+        for edge in schedule.inputs(part):
+            if edge[1] in made:
+                return "activation" if KIND_SPECS[edge[1].kind].output == ACTIVATION else "gradient"
+    return "gradient"
 
 
 def _index(tl: Timeline) -> dict:
@@ -104,7 +115,7 @@ def _index(tl: Timeline) -> dict:
     if cached is not None and cached[0] is tl.events:
         return cached[1]
     per_rank = [tl.events_of(r) for r in range(tl.ranks)]
-    messages = [Message(dep, e) for e in tl.events for dep in tl.dependencies_of(e)
+    messages = [Message(dep, e, _carried(tl, dep, e)) for e in tl.events for dep in tl.dependencies_of(e)
                 if dep.rank != e.rank]
     index = {"events": per_rank, "starts": [[e.start for e in mine] for mine in per_rank],
              "messages": messages}

@@ -95,6 +95,12 @@ def test_a_collective_starts_when_every_member_is_free():
     assert next(e for e in tl.events if str(e.action) == "0B0").start == 4.25
 
 
+def test_data_parallel_refuses_a_schedule_with_collectives_of_its_own():
+    sched = Schedule.from_text("0F0 0SY 0B0\n1F0 1B0 0SY", placement=[0, 1])
+    with pytest.raises(ValueError, match="collectives of its own"):
+        pl.runtime.prepare_run(sched, ranks=4, data_parallel=2)
+
+
 # --- communication -----------------------------------------------------------------------------
 
 def test_every_transfer_has_its_own_tag_even_with_thousands_of_stages():

@@ -6,7 +6,6 @@ import math
 import pytest
 
 import pipelab as pl
-from pipelab import Action
 from pipelab.parallel import reduction_of
 from pipelab.runtime import prepare_run
 

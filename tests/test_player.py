@@ -51,6 +51,16 @@ def test_messages_in_flight_between_send_and_receive(one_f):
             assert m.producer.end <= t < m.consumer.start
 
 
+def test_a_compound_step_sends_the_activation_its_forward_part_made():
+    # rank 0's step 0F1+0B0 sends 0F1's activation to 1F1 (and reads 1B0's gradient)
+    sched = pl.Schedule.from_text("0F0 0F1+0B0 0B1\n1F0 1B0 1F1 1B1")
+    tl = pl.simulate(sched, COMM)
+    sent = {(str(m.producer.action), str(m.consumer.action)): m.what
+            for t in frame_times([tl], 400) for m in messages_in_flight(tl, t)}
+    assert sent[("0F1+0B0", "1F1")] == "activation"
+    assert sent[("1B0", "0F1+0B0")] == "gradient"
+
+
 def test_live_activations_read_the_memory_curve(one_f):
     assert live_activations(one_f, 0.0) == {0: 1.0, 1: 0.0, 2: 0.0, 3: 0.0}
     assert live_activations(one_f, 5.2) == {0: 4.0, 1: 3.0, 2: 2.0, 3: 1.0}

@@ -6,6 +6,10 @@
     stage.py     a rank's stages and step state          p2p.py       sends and receives
     meter.py     live activation bytes                   board.py     progress in shared memory
     watchdog.py  explaining a stall                      result.py    RunResult, reference check
+    meshwatch.py explaining a stall on a pp × dp mesh    collectives.py  the gradient all-reduce AR
+    plugins.py   outside kinds reach the workers         calls.py     a named function on every worker
+    rendezvous.py where the workers meet (this machine)  startup.py   why workers could not start
+    heap.py      keep freed memory, as a caching allocator  errors.py  how a run fails
 """
 from .cluster import LocalCluster
 from .errors import PipelineTimeout, WorkerError

@@ -27,6 +27,7 @@ class Reduction:
         self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
         self.handle = dist.all_reduce(self.buffer, group=group, async_op=True)
         self.finished: float | None = None     # perf_counter() when seen complete
+        self.entry: int | None = None          # index of its step in the executor's record
 
     @property
     def nbytes(self) -> int:

@@ -216,7 +216,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
 def _note_reductions(reductions, actions, clock) -> None:
     """Tie reductions just launched to their step's record; note the ones completed."""
     for red in reductions:
-        if getattr(red, "entry", None) is None:
+        if red.entry is None:
             red.entry = len(actions) - 1
         elif red.finished is None and red.done():
             _finished(red, actions, clock)

@@ -19,7 +19,7 @@ from ..schedules.kinds import KIND_SPECS
 def plugins_for(schedule) -> tuple[str, ...]:
     """Modules the workers must import for this schedule; ValueError for ones they cannot."""
     from .handlers import HANDLERS
-    kinds = sorted({part.kind for acts in schedule.actions for item in acts for part in item.parts})
+    kinds = sorted(schedule.kinds())
     missing = [k for k in kinds if k not in HANDLERS]
     if missing:
         raise ValueError(f"schedule: the runtime has no handler for action kind(s) {missing}; "
@@ -48,7 +48,7 @@ def import_plugins(modules) -> None:
 def collective_groups(schedule) -> list[tuple[int, ...]]:
     """Every distinct set of ranks that runs a collective of this schedule, in a fixed order."""
     groups = {members_of(schedule, part) for acts in schedule.actions for item in acts
-              for part in item.parts if KIND_SPECS[part.kind].members is not None}
+              for part in item.parts if KIND_SPECS[part.kind].collective}
     return sorted(groups)
 
 

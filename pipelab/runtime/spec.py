@@ -13,6 +13,7 @@ from ..data import VOCAB_SIZE
 from ..model import ModelConfig
 from ..partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
+from ..schedules.kinds import KIND_SPECS
 from .plugins import plugins_for
 
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
@@ -110,7 +111,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     dp = positive_int("data_parallel", data_parallel)
     schedule.validate()
     if dp > 1:
-        if any(spec.members is not None for spec in _kinds_of(schedule)):
+        if any(KIND_SPECS[kind].collective for kind in schedule.kinds()):
             raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
                              "(members=...) is not supported yet: run it with data_parallel=1")
         if schedule.ranks * dp != ranks:
@@ -156,8 +157,3 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    method, injections, plugins, dp, replica)
 
-
-def _kinds_of(schedule):
-    from ..schedules.kinds import KIND_SPECS
-    return [KIND_SPECS[k] for k in {part.kind for acts in schedule.actions for item in acts
-                                    for part in item.parts}]

@@ -18,7 +18,7 @@ def _collective(state: RankState, plan):
     if state.state != RUN or state.position >= len(plan[state.rank]):
         return None
     item = plan[state.rank][state.position].action
-    return item if KIND_SPECS[item.parts[0].kind].members is not None else None
+    return item if KIND_SPECS[item.parts[0].kind].collective else None
 
 
 def _absent_member(states: list[RankState], item, schedule, plan):

@@ -60,6 +60,10 @@ class Schedule:
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
 
+    def kinds(self) -> set[str]:
+        """The action kinds the schedule uses (a compound's parts counted one by one)."""
+        return {part.kind for acts in self.actions for item in acts for part in item.parts}
+
     # --- dependencies (read from the kind specs: kinds.py, graph.py) ---------------------------
     def reindex(self) -> None:
         """Recompute which action produces each output where it is not the usual one (the input
@@ -102,11 +106,8 @@ class Schedule:
 
     def dependencies(self, action) -> list[Action]:
         """Actions that must finish before `action` (or a compound step) can start."""
-        return self.step_dependencies(action)
-
-    def step_dependencies(self, item) -> list[Action]:
         from .graph import step_dependencies
-        return step_dependencies(self, item)
+        return step_dependencies(self, action)
 
     def execution_order(self) -> list:
         """A validated execution order (graph.py), cached while the schedule is unchanged."""

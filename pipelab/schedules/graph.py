@@ -77,7 +77,7 @@ def execution_order(schedule) -> list[OrderEntry]:
     arrived: dict = defaultdict(set)        # collective step -> member ranks already there
     ready = list(range(s.ranks))
     order: list[OrderEntry] = []
-    collective = {k for k, spec in KIND_SPECS.items() if spec.members is not None}
+    collective = {k for k, spec in KIND_SPECS.items() if spec.collective}
     while ready:
         rank = ready.pop()
         acts = s.actions[rank]
@@ -191,7 +191,7 @@ def _explain_deadlock(s, position, stuck, arrived) -> str:
     lines = ["deadlock: no rank can make progress."]
     for rank in stuck:
         item = s.actions[rank][position[rank]]
-        missing = next((d for d in s.step_dependencies(item) if d not in done), None)
+        missing = next((d for d in step_dependencies(s, item) if d not in done), None)
         if missing is None:          # waiting in a collective for members that never come
             members = members_of(s, item) or ()
             absent = [m for m in members if m not in arrived.get(item, ())]

@@ -86,13 +86,13 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
         for index, item in enumerate(acts):
             if type(item) is Action:         # the common case first, kept tight
                 spec = specs.get(item[1])
-                if spec is not None and spec.members is None and item[0] in own \
+                if spec is not None and not spec.collective and item[0] in own \
                         and 0 <= item[2] < m and item not in seen:
                     seen[item] = (rank, index)
                     continue
             for a in ((item,) if type(item) is Action else item):
                 spec = specs.get(a[1])
-                if spec is not None and spec.members is None and a.stage in own \
+                if spec is not None and not spec.collective and a.stage in own \
                         and 0 <= a.microbatch < m and a not in seen:
                     seen[a] = (rank, index)      # nothing to explain
                     continue
@@ -109,7 +109,7 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
                 if not spec.per_microbatch and a.microbatch != NO_MICROBATCH:
                     raise ScheduleError(f"{a}: kind {a.kind} ({spec.description}) runs once per "
                                         f"step and takes no microbatch", s, here)
-                if spec.members is not None:
+                if spec.collective:
                     members = members_of(s, a)
                     if rank not in members:
                         raise ScheduleError(f"{a} is on rank {rank}, but its collective's members "
