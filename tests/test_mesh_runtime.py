@@ -146,6 +146,8 @@ import os, signal, threading, time
 import pipelab as pl
 
 if __name__ == "__main__":
+    # As at a terminal: a suite started in the background inherits SIGINT ignored.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     cluster = pl.LocalCluster(4, timeout=60)
     pids = cluster.pids
     threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGINT)).start()
