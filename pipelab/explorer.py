@@ -15,8 +15,8 @@ from typing import Mapping, Sequence
 
 from .player import messages_in_flight, live_activations, player, running_at, status  # noqa: F401
 from .predict import predict  # noqa: F401
-from .schedules import schedule
-from .simulate import Costs, simulate
+from .compare import simulate_named
+from .simulate import Costs
 
 
 def bubble_line(tl, ranks: int, microbatches: int) -> str:
@@ -26,14 +26,6 @@ def bubble_line(tl, ranks: int, microbatches: int) -> str:
             f"({tl.bubble_ratio():.2f} × the compute);  "
             f"(p−1)/(m+p−1) = {formula:.1%}\n"
             f"  [the formula assumes balanced stages and no communication]")
-
-
-def simulate_named(name: str, ranks: int, microbatches: int, backward_ratio: float = 2.0,
-                   comm: float = 0.0, per: str = "microbatch", **options):
-    """Simulate a named schedule with F = 1 and a full backward of `backward_ratio` × F:
-    one microbatch's costs (`per="microbatch"`) or the whole batch's (`per="batch"`)."""
-    sched = schedule(name, ranks=ranks, microbatches=microbatches, **options)
-    return simulate(sched, Costs.from_backward(F=1.0, B=backward_ratio, comm=comm, per=per))
 
 
 GANTT_HEIGHT = 2.6      # inches, whatever p: the explorer's output keeps its height
@@ -74,7 +66,10 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
 
     def draw(name, ranks, microbatches, backward_ratio, comm, fixed_batch, critical_path):
         per = "batch" if fixed_batch else "microbatch"
-        tl = simulate_named(name, ranks, microbatches, backward_ratio, comm, per=per)
+        # F = 1 and B = backward_ratio per rank's worth of layers (divided among its chunks):
+        # one microbatch's costs, or the whole batch's with the fixed-batch toggle.
+        tl = simulate_named(name, ranks, microbatches,
+                            Costs.from_backward(F=1.0, B=backward_ratio, comm=comm, per=per))
         plots.compare([tl], titles=[f"{name}, p={ranks}, m={microbatches}"],
                       memory=memory, critical_path=critical_path, phases=True,
                       panel_height=GANTT_HEIGHT)
