@@ -51,14 +51,16 @@ def _reduce_cost(costs, stage: int) -> float:
     return allreduce_time(nbytes, costs.replicas or 1, costs.bandwidth, costs.latency)
 
 
-register_kind("AR", "all-reduce of the stage's gradients over its data-parallel replicas",
+REDUCE = "AR"       # the kind's name: the runtime's watch and the cost fit look for it by this
+
+register_kind(REDUCE, "all-reduce of the stage's gradients over its data-parallel replicas",
               inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
               module="pipelab")
 
 
 def reduction_of(stage: int) -> Action:
     """The action `<stage>AR`."""
-    return Action(stage, "AR", NO_MICROBATCH)
+    return Action(stage, REDUCE, NO_MICROBATCH)
 
 
 def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
@@ -102,5 +104,5 @@ def replicas_of(schedule) -> int:
 
 
 def has_reductions(schedule) -> bool:
-    return "AR" in schedule.kinds()
+    return REDUCE in schedule.kinds()
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
+from ..parallel.data_parallel import REDUCE
 from .board import DONE, RUN, RankState
 from .errors import PipelineTimeout
 from .watchdog import describe, diagnose
@@ -19,7 +20,7 @@ def _in_reduction(state: RankState, plan) -> bool:
     """Waiting inside a gradient all-reduce (launched, not complete): detail 1 at an AR step."""
     steps = plan[state.pp]
     return state.state == RUN and state.detail == 1 and state.position < len(steps) and \
-        steps[state.position].action.parts[0].kind == "AR"
+        steps[state.position].action.parts[0].kind == REDUCE
 
 
 def _reached(other: RankState, index: int) -> bool:
