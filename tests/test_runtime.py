@@ -187,14 +187,21 @@ def test_a_warm_rerun_reuses_the_workers(clusters):
     assert res.max_grad_error <= 1e-5
 
 
-def test_meter_counts_saved_activations_and_frees_them():
+def _metered_forward(first: int, last: int):
+    """A forward of layers [first, last) under a fresh meter: (layer, input, meter, output)."""
     from pipelab.runtime.meter import ActivationMeter
-
-    layer = pl.build_layers(CFG, 1, 2)
+    layer = pl.build_layers(CFG, first, last)
     x = torch.randn(2, CFG.seq_len, CFG.d_model, requires_grad=True)
     meter = ActivationMeter(layer.parameters())
     with meter.saving():
         out = layer(x)
+    return layer, x, meter, out
+
+
+def test_meter_counts_saved_activations_and_frees_them():
+    from pipelab.runtime.meter import ActivationMeter
+
+    layer, x, meter, out = _metered_forward(1, 2)
     held = meter.live
     assert held >= x.numel() * 4              # at least the block's input is kept
     counting_weights = ActivationMeter()      # the same forward, weights not excluded
@@ -207,4 +214,16 @@ def test_meter_counts_saved_activations_and_frees_them():
     out.sum().backward()
     del kept
     assert counting_weights.live == 0
+    assert meter.live == 0 and meter.peak == held
+
+
+def test_meter_release_follows_autograd_per_tensor():
+    """Split backward: input-gradient (graph kept) frees nothing, the weight pass frees all."""
+    layer, x, meter, out = _metered_forward(1, 3)
+    held = meter.live
+    assert held > 0 and meter.peak == held
+    grad = torch.ones_like(out)
+    torch.autograd.grad(out, [x], grad, retain_graph=True)
+    assert meter.live == held                      # the kept graph keeps its activations
+    torch.autograd.backward(out, grad, inputs=list(layer.parameters()))
     assert meter.live == 0 and meter.peak == held

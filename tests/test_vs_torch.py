@@ -123,27 +123,6 @@ def test_torch_tables_line_up_with_ours():
     assert sorted({int(a.split(k)[0]) for a in zbv[0] for k in "FIW" if k in a}) == [0, 3]
 
 
-def test_meter_release_follows_autograd_per_tensor():
-    """Split backward: input-gradient (graph kept) frees nothing, the weight pass frees all."""
-    from pipelab.runtime.meter import ActivationMeter
-    layer = pl.build_layers(CFG, 1, 3)
-    x = torch.randn(2, CFG.seq_len, CFG.d_model, requires_grad=True)
-    meter = ActivationMeter(layer.parameters())
-    with meter.saving():
-        out = layer(x)
-    held = meter.live
-    assert held > 0 and meter.peak == held
-    grad = torch.ones_like(out)
-    torch.autograd.grad(out, [x], grad, retain_graph=True)
-    assert meter.live == held                      # the kept graph keeps its activations
-    torch.autograd.backward(out, grad, inputs=list(layer.parameters()))
-    assert meter.live == 0 and meter.peak == held
-    with meter.saving():
-        dropped = layer(x)
-    assert meter.live == held
-    del dropped                                    # a graph dropped without backward frees too
-    assert meter.live == 0
-
 
 def _looped_bfs(ranks: int, microbatches: int, chunks: int = 2) -> pl.Schedule:
     """A stand-in for pipelab's looped-bfs (being written on another branch): each rank runs
