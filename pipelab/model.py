@@ -98,6 +98,30 @@ class Embedding(nn.Module):
         return self.tok(idx) + self.pos(positions)
 
 
+class AttentionCore(nn.Module):
+    """Causal self-attention without its projections: scores, softmax, weighted sum of values.
+
+    (batch, seq, 3·d_model) queries, keys and values side by side -> (batch, seq, d_model). It
+    has no parameters, and what it saves for backward (q, k, v in head layout, the causal mask,
+    the attention probabilities: O(heads·seq²) per sequence) is cheap to compute again — the part
+    selective recomputation drops (recompute.py). A module of its own so it can be found there."""
+
+    def __init__(self, n_heads: int):
+        super().__init__()
+        self.n_heads = n_heads
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        b, s, d3 = qkv.shape
+        d = d3 // 3
+        q, k, v = qkv.split(d, dim=2)
+        # (b, heads, s, head_dim)
+        q, k, v = (t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2) for t in (q, k, v))
+        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_heads)
+        causal = torch.ones(s, s, dtype=torch.bool, device=qkv.device).tril()
+        weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
+        return (weights @ v).transpose(1, 2).reshape(b, s, d)
+
+
 class Block(nn.Module):
     """Pre-LayerNorm transformer block: x + attn(ln(x)), then x + mlp(ln(x)).
 
@@ -109,21 +133,14 @@ class Block(nn.Module):
         self.n_heads = cfg.n_heads
         self.ln1 = nn.LayerNorm(cfg.d_model)
         self.qkv = Linear(cfg.d_model, 3 * cfg.d_model)
+        self.core = AttentionCore(cfg.n_heads)
         self.proj = Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.up = Linear(cfg.d_model, cfg.ffn_width)
         self.down = Linear(cfg.ffn_width, cfg.d_model)
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        b, s, d = x.shape
-        q, k, v = self.qkv(x).split(d, dim=2)
-        # (b, heads, s, head_dim)
-        q, k, v = (t.view(b, s, self.n_heads, d // self.n_heads).transpose(1, 2) for t in (q, k, v))
-        scores = (q @ k.transpose(-2, -1)) / math.sqrt(d // self.n_heads)
-        causal = torch.ones(s, s, dtype=torch.bool, device=x.device).tril()
-        weights = scores.masked_fill(~causal, float("-inf")).softmax(dim=-1)
-        out = (weights @ v).transpose(1, 2).reshape(b, s, d)
-        return self.proj(out)
+        return self.proj(self.core(self.qkv(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln1(x))

@@ -1,0 +1,203 @@
+"""Memory in bytes, one model: activations by recomputation policy, parameters, optimizer state.
+
+Derived from the toy model's own operations (model.py), in float32, for `rows` sequences of
+`cfg.seq_len` tokens (one microbatch), and counted the way the runtime's saved-tensors meter
+counts (runtime/meter.py): each storage an autograd node saves for backward, once; parameters
+are not activations. The simulator's byte curves (recompute.simulate_bytes) and the planner
+read these numbers; the tests check them against the meter, byte for byte where they can.
+
+One transformer block keeps, with t = rows·seq tokens, h = d_model, f = d_ff, a = heads:
+
+    8·t·h  floats  its input, both LayerNorm outputs and inputs, q, k, v in head layout, the
+                   attention output (the projection's input)
+    2·t·f  floats  the MLP's hidden layer before and after GELU
+    4·t    floats  the LayerNorms' means and inverse deviations
+    a·rows·s²  floats  the attention probabilities, plus an s² byte causal mask
+
+That is Korthikanti et al.'s s·b·h·(34 + 5·a·s/h) (16-bit, with dropout masks) redone for our
+block: no dropout, float32, and s² terms that are softmax's output and the mask only.
+
+Policies (recompute.py): `none` keeps all of it; `selective` drops the attention core's part
+(q, k, v in head layout, the mask, the probabilities) and keeps the qkv output it is recomputed
+from; `full` keeps only each block's input; `every-k` keeps every k-th block's input. What a
+policy does not keep, the recomputation `R` materialises again before the backward.
+"""
+from __future__ import annotations
+
+import math
+
+from .model import ModelConfig
+
+FLOAT = 4        # bytes of a float32
+INDEX = 8        # bytes of an int64 token id or position
+POLICIES = ("none", "full", "selective", "every-k")
+# The parts of `block_saved` that belong to the attention core (model.AttentionCore).
+CORE = ("q (head layout)", "k (head layout)", "causal mask", "attention probabilities",
+        "v (head layout)")
+
+
+def block_saved(cfg: ModelConfig, rows: int) -> dict[str, int]:
+    """Bytes one block's forward saves for its backward, by tensor (each storage once)."""
+    b, s, h, f, a = rows, cfg.seq_len, cfg.d_model, cfg.ffn_width, cfg.n_heads
+    t = b * s
+    return {
+        "block input (LayerNorm 1's input)": t * h * FLOAT,
+        "LayerNorm 1 mean, 1/std": 2 * t * FLOAT,
+        "qkv input (LayerNorm 1's output)": t * h * FLOAT,
+        "q (head layout)": t * h * FLOAT,
+        "k (head layout)": t * h * FLOAT,
+        "causal mask": s * s,                     # bool
+        "attention probabilities": b * a * s * s * FLOAT,
+        "v (head layout)": t * h * FLOAT,
+        "proj input (attention output)": t * h * FLOAT,
+        "LayerNorm 2 input": t * h * FLOAT,
+        "LayerNorm 2 mean, 1/std": 2 * t * FLOAT,
+        "up input (LayerNorm 2's output)": t * h * FLOAT,
+        "GELU input": t * f * FLOAT,
+        "down input (GELU output)": t * f * FLOAT,
+    }
+
+
+def block_bytes(cfg: ModelConfig, rows: int, policy: str = "none") -> int:
+    """Bytes one block keeps from its forward to its recomputation: `none` all of
+    `block_saved`, `selective` all but the attention core plus the qkv output the core is
+    recomputed from, `full` (and a checkpointed block of `every-k`) only its input."""
+    saved = block_saved(cfg, rows)
+    if policy == "none":
+        return sum(saved.values())
+    if policy == "selective":
+        qkv_output = 3 * rows * cfg.seq_len * cfg.d_model * FLOAT
+        return sum(v for k, v in saved.items() if k not in CORE) + qkv_output
+    if policy == "full":
+        return saved["block input (LayerNorm 1's input)"]
+    raise ValueError(f"policy must be one of {POLICIES[:3]} for one block, got {policy!r}")
+
+
+def default_k(blocks: int) -> int:
+    """Chen et al.'s checkpoint spacing for `blocks` blocks: the nearest whole number to √n."""
+    return max(1, round(math.sqrt(blocks)))
+
+
+def _blocks(cfg: ModelConfig, start: int, stop: int) -> int:
+    return len(range(max(start, 1), min(stop, cfg.n_layers + 1)))
+
+
+def _check_range(cfg: ModelConfig, start: int, stop: int) -> None:
+    if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop <= cfg.total_layers):
+        raise ValueError(f"layers: need 0 <= start < stop <= {cfg.total_layers} "
+                         f"(embedding, {cfg.n_layers} blocks, head), got start={start!r}, stop={stop!r}")
+
+
+def _check_rows(rows: int) -> None:
+    if not isinstance(rows, int) or isinstance(rows, bool) or rows < 1:
+        raise ValueError(f"rows must be a whole number of sequences >= 1, got {rows!r}")
+
+
+def _ends(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
+    """The embedding's and the head's saved bytes, where the layers hold them (never recomputed:
+    the embedding keeps only token ids, the head and loss are one small layer)."""
+    t, h, v = rows * cfg.seq_len, cfg.d_model, cfg.vocab_size
+    total = 0
+    if start == 0:           # token ids and positions, for the embedding's backward
+        total += t * INDEX + cfg.seq_len * INDEX
+    if stop == cfg.total_layers:
+        total += (2 * t * h + 2 * t) * FLOAT       # LayerNorm input, mean, 1/std; its output
+        total += t * v * FLOAT + t * INDEX + FLOAT  # log-softmax, targets, the loss's weight sum
+    return total
+
+
+def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
+                     policy: str = "none", k: int | None = None) -> int:
+    """Bytes the layers [start, stop) keep alive for one microbatch of `rows` sequences between
+    its forward and its backward (or its recomputation `R`, when `policy` is not `none`).
+
+    `every-k` keeps the input of every k-th block of the range (blocks start, start+k, …);
+    k defaults to `default_k` of the range's blocks. k=1 is `full`."""
+    _check_range(cfg, start, stop)
+    _check_rows(rows)
+    k = check_policy(policy, k)
+    n = _blocks(cfg, start, stop)
+    if policy == "every-k":
+        k = default_k(n) if k is None else k
+        blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full") if n else 0
+    else:
+        blocks = n * block_bytes(cfg, rows, policy)
+    return blocks + _ends(cfg, start, stop, rows)
+
+
+def recompute_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
+                    policy: str = "none", k: int | None = None) -> int:
+    """Bytes the recomputation `R` of one microbatch materialises again: what `none` keeps
+    and `policy` does not (0 for `none`)."""
+    return (activation_bytes(cfg, start, stop, rows, "none")
+            - activation_bytes(cfg, start, stop, rows, policy, k))
+
+
+def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
+    """Bytes an input-gradient pass `I` leaves for its `W` (weight_grad.py): the input and
+    output gradient of every Linear, each storage once — per block 8·t·h + 2·t·f floats, the
+    head t·h + t·vocab. The same whatever the recomputation policy: `R` restored everything."""
+    _check_range(cfg, start, stop)
+    _check_rows(rows)
+    t, h, f = rows * cfg.seq_len, cfg.d_model, cfg.ffn_width
+    total = _blocks(cfg, start, stop) * (8 * t * h + 2 * t * f) * FLOAT
+    if stop == cfg.total_layers:
+        total += (t * h + t * cfg.vocab_size) * FLOAT
+    return total
+
+
+def _tied(cfg: ModelConfig, start: int, stop: int) -> bool:
+    # build_layers ties the head to the embedding only when one slice holds both
+    return cfg.tie_embeddings and start == 0 and stop == cfg.total_layers
+
+
+def parameter_count(cfg: ModelConfig, start: int, stop: int) -> int:
+    """Parameters of the layers [start, stop) as `build_layers` makes them."""
+    _check_range(cfg, start, stop)
+    h, f, v, s = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.seq_len
+    block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+    total = _blocks(cfg, start, stop) * block
+    if start == 0:
+        total += (v + s) * h
+    if stop == cfg.total_layers:
+        total += 2 * h + (0 if _tied(cfg, start, stop) else v * h)
+    return total
+
+
+def parameter_bytes(cfg: ModelConfig, start: int, stop: int) -> int:
+    """Bytes of the float32 parameters of layers [start, stop) (their gradients take as many)."""
+    return parameter_count(cfg, start, stop) * FLOAT
+
+
+def _parameter_tensors(cfg: ModelConfig, start: int, stop: int) -> int:
+    tensors = 12 * _blocks(cfg, start, stop)          # 4 Linears and 2 LayerNorms, weight + bias
+    tensors += 2 if start == 0 else 0                 # token and position tables
+    if stop == cfg.total_layers:
+        tensors += 2 + (0 if _tied(cfg, start, stop) else 1)
+    return tensors
+
+
+def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "adamw") -> int:
+    """Bytes of optimizer state for layers [start, stop): AdamW (what the runtime uses) keeps
+    two float32 moments per parameter and a float32 step count per parameter tensor; plain
+    SGD keeps nothing."""
+    _check_range(cfg, start, stop)
+    if optimizer == "sgd":
+        return 0
+    if optimizer != "adamw":
+        raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+    return 2 * parameter_bytes(cfg, start, stop) + FLOAT * _parameter_tensors(cfg, start, stop)
+
+
+def check_policy(policy: str, k: int | None = None) -> int | None:
+    """ValueError unless `policy` is one of POLICIES and `k` fits it; returns k."""
+    if policy not in POLICIES:
+        raise ValueError(f"recompute policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+    if k is not None:
+        if policy != "every-k":
+            raise ValueError(f"recompute k is only for policy 'every-k', got k={k!r} "
+                             f"with policy {policy!r}")
+        if not isinstance(k, int) or isinstance(k, bool) or k < 1:
+            raise ValueError(f"recompute k (keep every k-th block's input) must be a whole "
+                             f"number >= 1, got {k!r}")
+    return k
