@@ -1,0 +1,123 @@
+"""zb-auto: the zero-bubble paper's automatic scheduler. It reproduces the authors' figures, is
+never worse than ZB-H1 at ZB-H1's memory over a grid of F : I : W ratios, comes close to ZB-H2 at
+ZB-H2's memory, respects its memory limit, and runs live with the unsplit model's gradients."""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+import pipelab as pl
+from pipelab import compare
+
+RATIOS = (0.5, 1.0, 2.0)
+GRID = [pl.Costs(F=f, I=i, W=w, comm=c)
+        for f, i, w in itertools.product(RATIOS, repeat=3) for c in (0.0, 0.3)]
+
+
+def _run(p: int, m: int, costs: pl.Costs, limit: float, i_frees: float = 0.0):
+    sched = pl.schedule("zb-auto", ranks=p, microbatches=m, costs=costs, memory_limit=limit,
+                        i_frees=i_frees)
+    return sched, pl.simulate(sched, costs, i_frees=i_frees)
+
+
+@pytest.mark.parametrize("m,costs,limit,i_frees,span", [
+    (8, pl.Costs(), 4, 0.0, 27.0),                        # = ZB-H1 (1F1B: 33)
+    (8, pl.Costs(), 7, 0.0, 24.0),                        # = ZB-H2: no bubble
+    (8, pl.Costs(F=1, I=1.5, W=0.5), 7, 0.5, 28.0),       # beats ZB-H2's 28.5
+    (12, pl.Costs(F=1, I=1.5, W=0.5), 7, 0.5, 38.0),      # beats ZB-H2's 40.5 ...
+    (12, pl.Costs(F=1, I=1.5, W=0.5), 7, 0.0, 40.5),      # ... only if I frees half (M_W = M_B/2)
+])
+def test_reproduces_the_authors_runs(m, costs, limit, i_frees, span):
+    """The spans the authors' heuristic gives at p = 4 (shared/papers/zb_auto.md)."""
+    _sched, tl = _run(4, m, costs, limit, i_frees)
+    assert compare.longest_span(tl) == pytest.approx(span)
+
+
+@pytest.mark.parametrize("p,m", [(3, 6), (4, 8)])
+@pytest.mark.parametrize("i_frees", [0.0, 0.5])
+def test_never_worse_than_zb_h1_at_its_memory(p, m, i_frees):
+    """Over the F : I : W grid (with and without message latency), at ZB-H1's memory p (where
+    the greedy finds ZB-H1's span: the authors saw the same), and one microbatch more."""
+    h1_sched = pl.schedule("zb-h1", ranks=p, microbatches=m)
+    better = 0
+    for costs in GRID:
+        _sched, tl = _run(p, m, costs, p, i_frees)
+        h1 = compare.longest_span(pl.simulate(h1_sched, costs, i_frees=i_frees))
+        assert max(tl.peak_activations().values()) <= p + 1e-9, costs
+        assert compare.longest_span(tl) <= h1 + 1e-9, costs
+        _sched, roomier = _run(p, m, costs, p + 1, i_frees)
+        better += compare.longest_span(roomier) < h1 - 1e-9
+    assert better >= len(GRID) // 2      # one more microbatch of memory buys time, mostly
+
+
+@pytest.mark.parametrize("p,m", [(3, 6), (4, 8)])
+def test_close_to_zb_h2_at_its_memory(p, m):
+    """At 2p − 1, ZB-H2's memory: within 3% of ZB-H2's span everywhere on the grid, and shorter
+    than it somewhere (ZB-H2's fixed rhythm fits only F = I = W)."""
+    h2_sched = pl.schedule("zb-h2", ranks=p, microbatches=m)
+    gaps = []
+    for costs in GRID:
+        _sched, tl = _run(p, m, costs, 2 * p - 1)
+        h2 = compare.longest_span(pl.simulate(h2_sched, costs))
+        assert max(tl.peak_activations().values()) <= 2 * p - 1 + 1e-9
+        gaps.append(compare.longest_span(tl) / h2 - 1)
+    assert max(gaps) <= 0.03 and min(gaps) < 0, (max(gaps), min(gaps))
+
+
+@pytest.mark.parametrize("limit", [1, 2.5, 5.5])
+@pytest.mark.parametrize("i_frees", [0.0, 0.3, 1.0])
+def test_memory_limit_holds_and_buys_time(limit, i_frees):
+    """Peak activations (the simulator's count, same units) never exceed the limit; more memory
+    never makes the span longer."""
+    costs = pl.Costs(F=1, I=1.25, W=0.75, comm=0.1)
+    _sched, tl = _run(4, 8, costs, limit, i_frees)
+    assert max(tl.peak_activations().values()) <= limit + 1e-9
+    _sched, roomier = _run(4, 8, costs, limit + 2, i_frees)
+    assert compare.longest_span(roomier) <= compare.longest_span(tl) + 1e-9
+
+
+def test_per_stage_costs_and_text_round_trip():
+    """A slow last stage (a head with the vocabulary): still valid, and its text reads back."""
+    costs = pl.Costs(F=[1, 1, 1, 2], I=[1, 1, 1, 2.5], W=[1, 1, 1, 1.5], comm=0.2)
+    sched, tl = _run(4, 8, costs, 4)
+    h1 = pl.simulate(pl.schedule("zb-h1", ranks=4, microbatches=8), costs)
+    assert compare.longest_span(tl) <= compare.longest_span(h1)
+    again = pl.Schedule.from_text(sched.to_text()).validate()
+    assert again.actions == sched.actions and again.name == "zb-auto"
+
+
+@pytest.mark.parametrize("options,words", [
+    ({"memory_limit": 0.5}, "memory_limit must be a number >= 1"),
+    ({"memory_limit": "4"}, "memory_limit"),
+    ({"costs": {"F": 1}}, "costs must be a pl.Costs"),
+    ({"costs": pl.Costs(F=[1, 2])}, "costs.F has 2 per-stage values"),
+    ({"i_frees": 1.5}, "i_frees must be a number between 0 and 1"),
+    ({"chunks": 2}, "does not take option"),
+])
+def test_bad_options_say_which_and_why(options, words):
+    with pytest.raises(ValueError, match=words):
+        pl.schedule("zb-auto", ranks=4, microbatches=8, **options)
+
+
+CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)
+
+
+def test_live_from_fitted_costs_is_exact(clusters):
+    """The workflow of the paper's runtime: run ZB-H1, fit F, I, W and the message latency from
+    the measured run (and the share of activations I frees), build zb-auto from them, run it:
+    the unsplit model's loss and gradients, within the memory limit it was given."""
+    p, m = 3, 6
+    cluster = clusters(p)
+    first = cluster.run(pl.schedule("zb-h1", ranks=p, microbatches=m), model=CFG, seed=3)
+    costs = compare.fit_costs(first)
+    assert isinstance(costs.F, list) and len(costs.F) == p and costs.comm >= 0
+    sched = pl.schedule("zb-auto", ranks=p, microbatches=m, costs=costs, memory_limit=p,
+                        i_frees=first.i_frees)
+    res = cluster.run(sched, model=CFG, seed=3)
+    assert res.max_grad_error <= 1e-5, res.grad_errors
+    assert res.loss == pytest.approx(res.reference_loss, rel=1e-6)
+    for rank in range(p):
+        assert [e.action for e in res.timeline.events_of(rank)] == sched.actions[rank]
+    peaks = pl.simulate(sched, costs, i_frees=first.i_frees).peak_activations()
+    assert max(peaks.values()) <= p + 1e-9
