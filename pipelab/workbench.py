@@ -175,6 +175,7 @@ class Workbench:
         self.widget = w.VBox([mono, header, self.text,
                               w.HBox([self.check_button, self.solution_button]),
                               self.output, self.solution])
+        self.widget.add_class("pipelab-workbench")
 
     def _ipython_display_(self):
         from IPython.display import display
