@@ -115,7 +115,11 @@ def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = 
         out.problem = f"cannot read it: {error}"
         return out
     out.stage = "validate"
-    out.simulated = simulate(out.schedule, costs or Costs(), source="simulated")
+    try:
+        out.simulated = simulate(out.schedule, costs or Costs(), source="simulated")
+    except ValueError as error:          # e.g. per-stage costs for fewer stages than written
+        out.problem = f"cannot simulate it: {error}"
+        return out
     if cluster is not None:
         out.stage = "live"
         problem = _run_live(out, cluster, model, seed)

@@ -83,6 +83,24 @@ def test_per_stage_costs_and_text_round_trip():
     assert again.actions == sched.actions and again.name == "zb-auto"
 
 
+@pytest.mark.parametrize("costs", [GRID[5], GRID[-1], pl.Costs(F=8, I=12, W=4, comm=0.5, per="batch"),
+                                   pl.Costs(F=[1, 2, 1, 1.5], I=[2, 1, 1, 1], W=[0.5, 1, 2, 1],
+                                            comm=0.25)])
+def test_the_greedy_clock_is_the_simulators(costs):
+    """zb-auto picks among its eight variants by the times it placed their ops at; those must be
+    the times the simulator finds for the same order, or it would pick on wrong numbers."""
+    from itertools import product
+    from pipelab.schedules import zb_auto
+    table, comm = zb_auto._cost_table(costs, 4, 8)
+    for choice in product((True, False), repeat=3):
+        greedy = zb_auto._Greedy(4, 8, table, comm, 5.0, 0.25, dict(zip(zb_auto.FLAGS, choice)))
+        greedy.run()
+        sched = pl.Schedule(greedy.order, placement=range(4), microbatches=8).validate()
+        tl = pl.simulate(sched, costs, i_frees=0.25)
+        assert greedy.score() == pytest.approx((compare.longest_span(tl), tl.makespan))
+        assert max(tl.peak_activations().values()) <= 5 + 1e-9
+
+
 @pytest.mark.parametrize("options,words", [
     ({"memory_limit": 0.5}, "memory_limit must be a number >= 1"),
     ({"memory_limit": "4"}, "memory_limit"),
