@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
-from ..schedules.kinds import Input, register_kind
+from ..schedules.kinds import Input, gradient_passes, register_kind
 
 _new = tuple.__new__
 
@@ -30,18 +30,7 @@ def allreduce_time(nbytes: float, replicas: int, bandwidth: float, latency: floa
 def _reduce_inputs(schedule, a: Action) -> list[Input]:
     """Ordering edges to every gradient-producing pass of the stage: W where the backward is
     split, else B. (The reduction reads the accumulated .grad, which is local state.)"""
-    schedule.reindex()
-    runs = getattr(schedule, "_weight_pass", None)
-    if runs is None or runs[0] is not schedule._index:
-        kinds = {}
-        for acts in schedule.actions:
-            for item in acts:
-                for part in item.parts:
-                    if part[1] in ("B", "W"):
-                        kinds[(part[0], part[2])] = part[1]
-        runs = (schedule._index, kinds)
-        schedule._weight_pass = runs
-    kinds = runs[1]
+    kinds = gradient_passes(schedule)
     return [_new(Input, ("grads", _new(Action, (a[0], kinds.get((a[0], mb), "B"), mb)), False))
             for mb in range(schedule.microbatches)]
 

@@ -23,6 +23,7 @@ from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
 from ..weight_grad import WeightGradStore
 from .handlers import HANDLERS
 from . import collectives  # noqa: F401  (registers the AR handler)
+from .versions import weight_versions   # (and registers the U handler)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
@@ -69,10 +70,13 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state = StepState(sched, stages, inputs, targets, meter)
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp)) if mesh.dp > 1 else None
+        state.versions = weight_versions(spec, stages, meter)
         board.set(rank, k, 0, SYNC)
         dist.barrier()                 # every rank starts the step together: one time origin
         report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
-        if k == 0 and spec.check and replica == 0:   # the replicas' summed gradients are equal
+        if state.versions is not None:       # updates inside the schedule: what they made
+            report["versions"] = state.versions.report()
+        elif k == 0 and spec.check and replica == 0:  # the replicas' summed gradients are equal
             report["grads"] = stages.gradients()
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)

@@ -102,6 +102,18 @@ class ActivationMeter:
         if key in self._count:
             self._let_go(key)
 
+    def add_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Weights made during the run (a new weight version): parameters, never activations."""
+        for p in parameters:
+            self._exclude.add(p.untyped_storage().data_ptr())
+            self._exclude_data.add(p.data_ptr())
+
+    def remove_parameters(self, parameters: Iterable[torch.Tensor]) -> None:
+        """Weights freed during the run: their memory may come back as activations."""
+        for p in parameters:
+            self._exclude.discard(p.untyped_storage().data_ptr())
+            self._exclude_data.discard(p.data_ptr())
+
     def hold_send(self, nbytes: int) -> None:
         """A send buffer, alive until its send is waited on (counted apart from activations)."""
         self.sending += nbytes

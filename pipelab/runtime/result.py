@@ -45,6 +45,8 @@ class RunResult:
     # pipeline rank's row) in `process_timelines[(pp, dp)]` — the last step of each.
     replica_timelines: list[Timeline] = field(default_factory=list)
     process_timelines: dict[tuple[int, int], Timeline] = field(default_factory=dict)
+    # A schedule with optimizer updates (U): weight versions and their check (versions.py).
+    versions: object | None = None
 
     @property
     def mesh(self):
@@ -283,7 +285,10 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                                          for rep in reports},
                        i_frees=i_frees, replica_timelines=replica_timelines,
                        process_timelines=process_timelines)
-    if spec.check:
+    if any("versions" in rep for rep in reports):
+        from .versions import assemble_versions
+        result.versions = assemble_versions(spec, reports, result)
+    elif spec.check:
         grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)
     return result

@@ -153,6 +153,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     boolean("check", check)
     positive_int("steps", steps)
     positive_number("lr", lr)
+    from .versions import check_versioned_run
+    check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    method, injections, plugins, dp, replica)

@@ -29,10 +29,7 @@ class RankStages:
     def named_parameters(self):
         """(name in ToyGPT, parameter): local layer j of stage s is `layers.{start + j}`."""
         for s, module in self.modules.items():
-            start = self.bounds[s][0]
-            for name, p in module.named_parameters():
-                local, rest = name.split(".", 1)
-                yield f"layers.{start + int(local)}.{rest}", p
+            yield from zip(layer_names(module, self.bounds[s][0]), module.parameters())
 
     def zero_grad(self) -> None:
         for module in self.modules.values():
@@ -41,6 +38,16 @@ class RankStages:
     def gradients(self) -> dict[str, torch.Tensor]:
         return {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
                 for name, p in self.named_parameters()}
+
+
+def layer_names(module: nn.Sequential, start: int) -> list[str]:
+    """The names in ToyGPT of a stage module's parameters, in order (its first layer is
+    `layers.{start}`)."""
+    out = []
+    for name, _p in module.named_parameters():
+        local, rest = name.split(".", 1)
+        out.append(f"layers.{start + int(local)}.{rest}")
+    return out
 
 
 class StepState:
@@ -68,8 +75,13 @@ class StepState:
         self.replicas = 1
         self.dp_group = None
         self.in_flight: list = []
+        # Weight versions (runtime/versions.py) when the schedule updates inside itself.
+        self.versions = None
 
-    def module(self, stage: int) -> nn.Sequential:
+    def module(self, stage: int, microbatch: int | None = None) -> nn.Sequential:
+        """The stage's layers; with weight versions, the version this microbatch's forward uses."""
+        if self.versions is not None and microbatch is not None:
+            return self.versions.module(stage, microbatch)
         return self.stages.modules[stage]
 
     def take_local(self, producer: Action) -> torch.Tensor:

@@ -98,10 +98,15 @@ def _index(schedule) -> dict:
 
 def _forward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
+    # A schedule that says which weight version each forward reads (updates.py) orders the
+    # forward after the update that made it.
+    weights = getattr(schedule, "weight_source", None)
+    made_by = weights.get((stage, mb)) if weights is not None else None
+    edges = [] if made_by is None else [_new(Input, ("weights", made_by, False))]
     if stage == 0:
-        return []        # the first stage reads the microbatch's tokens
+        return edges     # the first stage reads the microbatch's tokens
     found = _index(schedule).get((ACTIVATION, stage - 1, mb))
-    return [_new(Input, ("x", found or _new(Action, (stage - 1, "F", mb)), True))]
+    return [_new(Input, ("x", found or _new(Action, (stage - 1, "F", mb)), True))] + edges
 
 
 def _backward_inputs(schedule, a: Action) -> list[Input]:
@@ -147,3 +152,21 @@ def comm_kinds() -> set[str]:
 
 def no_microbatch(action: Action) -> bool:
     return action.microbatch == NO_MICROBATCH
+
+
+def gradient_passes(schedule) -> dict[tuple[int, int], str]:
+    """{(stage, microbatch): the kind that finishes its weight gradient}: W where the backward
+    is split, else B (absent: B). Cached with the schedule's index; read by the actions that
+    consume accumulated gradients (an all-reduce, an optimizer update)."""
+    index = _index(schedule)
+    cached = getattr(schedule, "_weight_pass", None)
+    if cached is not None and cached[0] is index:
+        return cached[1]
+    kinds = {}
+    for acts in schedule.actions:
+        for item in acts:
+            for part in item.parts:
+                if part[1] in ("B", "W"):
+                    kinds[(part[0], part[2])] = part[1]
+    schedule._weight_pass = (index, kinds)
+    return kinds
