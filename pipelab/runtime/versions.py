@@ -144,6 +144,7 @@ class VersionsReport:
     weight_history: dict[int, list[tuple[float, int]]]
     most_versions: dict[int, int]
     check: object | None = None
+    last_weights: dict = None          # with check: each stage's newest version, by ToyGPT name
 
 
 def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
@@ -160,6 +161,10 @@ def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
         updates = {u: rec for rep in reports for u, rec in rep["versions"]["updates"].items()}
         losses = {mb: loss for rep in reports for mb, loss in rep["steps"][0]["losses"].items()}
         out.check = check_run(spec, updates, losses)
+        last = {}
+        for u in sorted(updates, key=lambda text: Action.parse(text).microbatch):
+            last.update(updates[u]["weights"])          # later updates overwrite their stage's
+        out.last_weights = last
         refs = out.check.reference_losses
         result.reference_loss = sum(refs.values()) / len(refs)
         result.max_grad_error = out.check.grad_error

@@ -145,6 +145,7 @@ def check_updates(schedule) -> None:
     update applies what was accumulated since the previous one), and every microbatch is
     covered by an update (no gradient is silently dropped)."""
     from .validate import ScheduleError
+    schedule.reindex()            # the actions may have been edited since the last look
     updates = updates_by_stage(schedule)
     passes = gradient_passes(schedule)
     for rank, acts in enumerate(schedule.actions):

@@ -1,0 +1,153 @@
+"""Asynchronous pipelines (PipeDream, PipeDream-2BW): updates inside the schedule, weight
+versions per stage, and exactness as far as it is defined — each update's gradient is the
+unsplit model's at the stashed versions, and 2BW follows W(t+1) = W(t) − ν∇f(W(t−1))."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import pipelab as pl
+from pipelab.data import get_batch, split_microbatches
+from pipelab.model import loss_fn
+from pipelab.schedules.pipedream import flushed
+from pipelab.schedules.updates import check_updates, update, version_plan
+
+CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16)
+LR = 0.5            # large, so a stale or wrong version changes the weights visibly
+
+
+# --- the schedules, without processes -------------------------------------------------------------
+
+def test_pipedream_keeps_one_version_per_microbatch_in_flight():
+    sched = pl.schedule("pipedream", ranks=4, microbatches=8)
+    # An update right after every backward, no flush: the first stage holds p versions.
+    assert version_plan(sched).max_versions(sched) == {0: 4, 1: 3, 2: 2, 3: 1}
+    for acts in sched.actions:
+        for before, after in zip(acts, acts[1:]):
+            if before.kind == "B":
+                assert after == update(before.stage, before.microbatch)
+
+
+def test_2bw_reads_the_version_of_two_batches_ago_and_keeps_two():
+    sched = pl.schedule("pipedream-2bw", ranks=4, microbatches=16, per_update=4)
+    plan = version_plan(sched)
+    assert plan.max_versions(sched) == {s: 2 for s in range(4)}
+    for stage in range(4):
+        assert [plan.source[(stage, mb)] for mb in (0, 7, 8, 11, 12)] == \
+            [None, None, update(stage, 3), update(stage, 3), update(stage, 7)]
+
+
+def test_no_flush_in_the_simulator():
+    p, m, steps, unit = 4, 4, 3, pl.Costs(F=1, I=1, W=1)
+    sync = flushed(pl.schedule("1f1b", ranks=p, microbatches=m), steps).validate()
+    two_bw = pl.schedule("pipedream-2bw", ranks=p, microbatches=m * steps, per_update=m)
+    # Each flushed step pays the fill and drain; the stream pays it once.
+    assert pl.simulate(sync, unit).makespan == steps * (m + p - 1) * 3
+    assert pl.simulate(two_bw, unit).makespan == (m * steps + p - 1) * 3
+
+
+def test_a_forward_before_the_update_that_makes_its_version_is_rejected():
+    sched = pl.schedule("pipedream-2bw", ranks=2, microbatches=8, per_update=2)
+    rank0 = sched.actions[0]
+    rank0.remove(update(0, 1))
+    rank0.insert(rank0.index(pl.Action(0, "F", 5)) + 1, update(0, 1))   # after 0F4 needs it
+    with pytest.raises(pl.ScheduleError, match="runs 0F4 at step .*before 0U1"):
+        sched.validate()
+
+
+def test_an_update_must_cover_exactly_what_ran_since_the_previous_one():
+    sched = pl.schedule("pipedream", ranks=2, microbatches=4)
+    rank1 = sched.actions[1]
+    rank1.remove(update(1, 0))
+    rank1.insert(rank1.index(update(1, 1)), update(1, 0))       # 1B1 now runs before 1U0
+    with pytest.raises(pl.ScheduleError, match="1U0 would also apply microbatch 1"):
+        check_updates(sched)
+    short = pl.schedule("pipedream", ranks=2, microbatches=4)
+    short.actions[1].remove(update(1, 3))
+    with pytest.raises(pl.ScheduleError, match="microbatches 3..3 of stage 1 are never applied"):
+        check_updates(short)
+
+
+def test_update_actions_read_and_write_as_text():
+    assert pl.Action.parse("1U3") == update(1, 3)
+    sched = pl.schedule("pipedream", ranks=2, microbatches=4)
+    again = pl.Schedule.from_csv(sched.to_csv())
+    assert again.actions == sched.actions
+
+
+def test_bad_options_are_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="per_update must be at least ranks"):
+        pl.schedule("pipedream-2bw", ranks=4, microbatches=8, per_update=2)
+    with pytest.raises(ValueError, match="multiple of per_update"):
+        pl.schedule("pipedream-2bw", ranks=2, microbatches=7, per_update=2)
+    cluster = pl.LocalCluster(ranks=2, start=False)
+    sched = pl.schedule("pipedream", ranks=2, microbatches=4)
+    with pytest.raises(ValueError, match="steps=3: .* use steps=1"):
+        cluster.run(sched, model=CFG, steps=3)
+    assert cluster.pids == []
+
+
+# --- live runs ------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(clusters):
+    cluster = clusters(2)
+    made = {}
+
+    def get(name: str):
+        if name not in made:
+            sched = {"pipedream": lambda: pl.schedule("pipedream", ranks=2, microbatches=6),
+                     "2bw": lambda: pl.schedule("pipedream-2bw", ranks=2, microbatches=8,
+                                                per_update=2),
+                     "1f1b": lambda: pl.schedule("1f1b", ranks=2, microbatches=6)}[name]()
+            made[name] = cluster.run(sched, model=CFG, lr=LR, seed=3)
+        return made[name]
+    return get
+
+
+def test_pipedream_gradients_are_exact_at_the_stashed_versions(runs):
+    res = runs("pipedream")
+    check = res.versions.check
+    # One update per microbatch: each update's gradient is that microbatch's, computed by the
+    # unsplit model with every stage at the version the microbatch's forward used.
+    assert len(check.grad_errors) == 2 * 6
+    assert check.grad_error <= 1e-5, check.grad_errors
+    assert check.loss_error <= 1e-6
+    # And the whole run equals a one-process emulation from the initial weights.
+    assert check.weight_error <= 1e-5
+    assert res.versions.most_versions == {0: 2, 1: 1}
+
+
+def test_2bw_follows_the_one_stale_rule(runs):
+    res = runs("2bw")
+    assert res.versions.check.grad_error <= 1e-5
+    # W(t+1) = W(t) − ν ∇f(W(t−1)), written out for the unsplit model (W(−1) = W(0)).
+    model = pl.ToyGPT(CFG)
+    spec, total, m = res.spec, 8, 2
+    inputs, targets = get_batch(spec.batch_size, CFG.seq_len,
+                                generator=torch.Generator().manual_seed(3))
+    micro = split_microbatches(inputs, targets, total)
+    W = [{n: p.detach().clone() for n, p in model.named_parameters()}]
+    for b in range(total // m):
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(W[max(b - 1, 0)][n])
+        model.zero_grad()
+        for x, y in micro[b * m:(b + 1) * m]:
+            (loss_fn(model(x), y) / total).backward()
+        W.append({n: W[-1][n] - LR * p.grad * (total / m) for n, p in model.named_parameters()})
+    assert set(res.versions.check.grad_errors) == {f"{s}U{mb}" for s in (0, 1) for mb in (1, 3, 5, 7)}
+    last = res.versions.last_weights
+    assert set(last) == set(W[-1])
+    for n, want in W[-1].items():
+        assert (last[n] - want).abs().max() <= 1e-5 * want.abs().max(), n
+    assert res.versions.most_versions == {0: 2, 1: 2}
+
+
+def test_weight_versions_are_parameters_not_activations(runs):
+    pipedream, plain = runs("pipedream"), runs("1f1b")
+    # Same forwards and backwards in the same order: the same activations, versions or not.
+    assert pipedream.peak_activations == plain.peak_activations
+    stage_bytes = pipedream.parameter_bytes()
+    # Rank 0 holds two versions at once (one per microbatch in flight), rank 1 one.
+    assert pipedream.versions.weight_bytes == {0: 2 * stage_bytes[0], 1: stage_bytes[1]}
