@@ -29,9 +29,10 @@ from .handlers import register_handler
 from .stage import layer_names
 
 
-def sgd_step(weight: torch.Tensor, grad: torch.Tensor, lr: float) -> torch.Tensor:
+def sgd_step(weight: torch.Tensor, grad: torch.Tensor, lr: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
     """W − lr·g, the one update rule of asynchronous runs (shared with the emulation)."""
-    return torch.add(weight, grad, alpha=-lr)
+    return torch.add(weight, grad, alpha=-lr, out=out)
 
 
 def _bytes(module) -> int:
@@ -53,6 +54,7 @@ class WeightVersions:
         self.total = schedule.microbatches
         self.live = {s: {None: module} for s, module in stages.modules.items()}
         self.newest: dict[int, Action | None] = {s: None for s in stages.modules}
+        self.spare: dict[int, list] = {s: [] for s in stages.modules}   # freed, for reuse
         self.bytes = sum(_bytes(m) for m in stages.modules.values())
         self.history: list[tuple[float, int]] = [(time.perf_counter(), self.bytes)]
         self.peak = self.bytes
@@ -67,20 +69,23 @@ class WeightVersions:
         stage = a.stage
         versions = self.live[stage]
         # 1. The gradient accumulated since the previous update, in whichever versions hold it.
-        total = None
+        base = versions[self.newest[stage]]
+        total: list = [None] * len(list(base.parameters()))
         for module in versions.values():
-            grads = [p.grad for p in module.parameters()]
-            if all(g is None for g in grads):
-                continue
-            total = grads if total is None else [t + g for t, g in zip(total, grads)]
+            for i, p in enumerate(module.parameters()):
+                if p.grad is not None:
+                    total[i] = p.grad if total[i] is None else total[i] + p.grad
             module.zero_grad(set_to_none=True)
         microbatches = covered(self.schedule, a)
-        mean = [g * (self.total / len(microbatches)) for g in total or []]
-        # 2. The new version, from the newest.
-        new = copy.deepcopy(versions[self.newest[stage]])
+        mean = [torch.zeros_like(p) if g is None else g * (self.total / len(microbatches))
+                for g, p in zip(total, base.parameters())]
+        # 2. The new version, from the newest, written into a freed version's tensors when
+        # there is one (a copy of the module costs more than the update itself).
+        spare = self.spare[stage]
+        new = spare.pop() if spare else copy.deepcopy(base)
         with torch.no_grad():
-            for p, g in zip(new.parameters(), mean):
-                p.copy_(sgd_step(p, g, self.lr))
+            for p, b, g in zip(new.parameters(), base.parameters(), mean):
+                sgd_step(b, g, self.lr, out=p)
         versions[a] = new
         self.newest[stage] = a
         self.meter.add_parameters(new.parameters())
@@ -90,6 +95,7 @@ class WeightVersions:
             module = versions.pop(old)
             self.meter.remove_parameters(module.parameters())
             self.bytes -= _bytes(module)
+            self.spare[stage].append(module)     # no graph reads it any more: reusable
         self.most[stage] = max(self.most[stage], len(versions))
         self.peak = max(self.peak, self.bytes)
         self.history.append((time.perf_counter(), self.bytes))
