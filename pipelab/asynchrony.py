@@ -39,11 +39,11 @@ def plot_versions(timelines: Sequence, titles: Sequence[str]):
             ax.step(times, counts, where="post", label=f"stage {stage}", linewidth=1.6)
         ax.set_title(_with_source(title, tl.source), fontsize=10)
         ax.set_ylabel("versions")
-        ax.set_xlabel(f"time ({unit})")
         ax.grid(alpha=0.3)
+    axes[-1, 0].set_xlabel(f"time ({unit})")
     axes[0, 0].legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8)
     axes[0, 0].set_ylim(0, None)
-    fig.subplots_adjust(left=0.08, right=0.85, hspace=0.7, top=0.9, bottom=0.12)
+    fig.subplots_adjust(left=0.08, right=0.85, hspace=0.55, top=0.9, bottom=0.12)
     return fig
 
 
