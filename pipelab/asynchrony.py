@@ -24,6 +24,18 @@ def versions_over_time(timeline) -> dict[int, list[tuple[float, int]]]:
     return out
 
 
+def weight_bytes(schedule, cfg, bounds) -> dict[int, int]:
+    """Predicted peak bytes of weights per rank: each stage's most versions at once (the
+    schedule's version plan) × its parameter bytes (the byte model, memory.py)."""
+    from .memory import parameter_bytes
+    most = version_plan(schedule).max_versions(schedule)
+    out: dict[int, int] = {}
+    for stage, n in most.items():
+        rank = schedule.rank_of(stage)
+        out[rank] = out.get(rank, 0) + n * parameter_bytes(cfg, *bounds[stage])
+    return out
+
+
 def plot_versions(timelines: Sequence, titles: Sequence[str]):
     """Weight versions per stage over time, one panel per timeline, shared axes; each title says
     where its clock comes from (simulated / replayed / measured)."""

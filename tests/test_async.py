@@ -7,7 +7,9 @@ import pytest
 import torch
 
 import pipelab as pl
+from pipelab.asynchrony import weight_bytes
 from pipelab.data import get_batch, split_microbatches
+from pipelab.memory import parameter_bytes
 from pipelab.model import loss_fn
 from pipelab.schedules.pipedream import flushed
 from pipelab.schedules.updates import check_updates, update, version_plan
@@ -148,6 +150,11 @@ def test_weight_versions_are_parameters_not_activations(runs):
     pipedream, plain = runs("pipedream"), runs("1f1b")
     # Same forwards and backwards in the same order: the same activations, versions or not.
     assert pipedream.peak_activations == plain.peak_activations
-    stage_bytes = pipedream.parameter_bytes()
-    # Rank 0 holds two versions at once (one per microbatch in flight), rank 1 one.
-    assert pipedream.versions.weight_bytes == {0: 2 * stage_bytes[0], 1: stage_bytes[1]}
+    stage_bytes = [parameter_bytes(CFG, *b) for b in pipedream.spec.bounds]
+    # Rank 0 holds two versions at once (one per microbatch in flight), rank 1 one: the byte
+    # model's prediction from the schedule, and what the workers counted.
+    predicted = weight_bytes(pipedream.schedule, CFG, pipedream.spec.bounds)
+    assert pipedream.versions.weight_bytes == predicted == {0: 2 * stage_bytes[0], 1: stage_bytes[1]}
+    two_bw = runs("2bw")
+    assert two_bw.versions.weight_bytes == weight_bytes(two_bw.schedule, CFG, two_bw.spec.bounds) \
+        == {0: 2 * stage_bytes[0], 1: 2 * stage_bytes[1]}

@@ -20,6 +20,7 @@ schedule into who-uses-what and when each version may be freed; the runtime
 """
 from __future__ import annotations
 
+from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
@@ -51,7 +52,7 @@ def covered(schedule, action: Action) -> range:
     """The microbatches whose gradient `action` (a U) applies: after the previous update of its
     stage, up to and including its own."""
     mbs = updates_by_stage(schedule).get(action[0], [])
-    i = mbs.index(action[2]) if action[2] in mbs else 0
+    i = bisect_left(mbs, action[2])          # its place among the stage's updates
     return range(mbs[i - 1] + 1 if i else 0, action[2] + 1)
 
 
