@@ -11,6 +11,8 @@ from .train import evaluate, sample, train
 from .partition import Partition, measure_layer_times, partition
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 from .parallel import Mesh, allreduce_time, with_data_parallel
+from . import memory, recompute
+from .recompute import with_recompute
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
@@ -20,5 +22,5 @@ __all__ = [
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
-    "Mesh", "allreduce_time", "with_data_parallel",
+    "Mesh", "allreduce_time", "with_data_parallel", "memory", "recompute", "with_recompute",
 ]

@@ -133,6 +133,24 @@ def recompute_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
             - activation_bytes(cfg, start, stop, rows, policy, k))
 
 
+def transient_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
+                    policy: str = "none", k: int | None = None) -> int:
+    """Bytes above `activation_bytes(..., "none")` for a moment inside `R`: under `selective`
+    the last core's qkv output, still held while its recomputed q, k, v are saved (then let
+    go); 0 for the other policies, whose checkpoints are saved again by the recomputation."""
+    n = _blocks(cfg, start, stop)
+    return 3 * rows * cfg.seq_len * cfg.d_model * FLOAT if policy == "selective" and n else 0
+
+
+def input_grad_transient(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
+    """Bytes above the start level for a moment inside `I`: the first Linear it reaches (the
+    last block's `down`) stores the arriving output gradient for W before any saved tensor is
+    let go. On the stage with the head, the loss's backward frees as much first: 0 there."""
+    if stop == cfg.total_layers or not _blocks(cfg, start, stop):
+        return 0
+    return rows * cfg.seq_len * cfg.d_model * FLOAT
+
+
 def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
     """Bytes an input-gradient pass `I` leaves for its `W` (weight_grad.py): the input and
     output gradient of every Linear, each storage once — per block 8·t·h + 2·t·f floats, the
@@ -201,3 +219,54 @@ def check_policy(policy: str, k: int | None = None) -> int | None:
             raise ValueError(f"recompute k (keep every k-th block's input) must be a whole "
                              f"number >= 1, got {k!r}")
     return k
+
+
+def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None) -> dict[str, list[tuple[int, int]]]:
+    """Per kind, per stage: (bytes added at its start, bytes released at its end) by one
+    microbatch's action — F keeps the policy's bytes, R restores the rest (and holds its
+    transient), B releases all, I all but what it leaves W (with its own transient), W that. `policies`: one
+    recompute.Policy (or None for `none`) per stage."""
+    out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in "FRBIW"}
+    for s, (start, stop) in enumerate(bounds):
+        p = policies[s] if policies else None
+        name, k = (p.name, p.k) if p is not None else ("none", None)
+        full = activation_bytes(cfg, start, stop, rows)
+        kept = activation_bytes(cfg, start, stop, rows, name, k)
+        extra = transient_bytes(cfg, start, stop, rows, name, k)
+        stash = weight_grad_bytes(cfg, start, stop, rows)
+        moment = input_grad_transient(cfg, start, stop, rows)
+        out["F"].append((kept, 0))
+        out["R"].append((full - kept + extra, extra))
+        out["B"].append((0, full))
+        out["I"].append((moment, full - stash + moment))
+        out["W"].append((0, stash))
+    return out
+
+
+def byte_curves(timeline, cfg: ModelConfig, bounds, rows: int,
+                policies=None) -> dict[int, list[tuple[float, int]]]:
+    """Live activation bytes per rank along a timeline's events (simulated, or measured: the
+    model replayed in the order and at the times the run took), as step curves."""
+    effects = action_bytes(cfg, bounds, rows, policies)
+    changes: dict[int, list[tuple[float, int]]] = {r: [] for r in range(timeline.ranks)}
+    for e in timeline.events:
+        for part in e.action.parts:
+            if part.kind in effects:
+                add, release = effects[part.kind][part.stage]
+                changes[e.rank] += [(e.start, add), (e.end, -release)]
+    curves = {}
+    for rank, items in changes.items():
+        # At one instant an action ending releases before the next one starting adds.
+        level, curve = 0, [(0.0, 0)]
+        for t, delta in sorted(items, key=lambda c: (c[0], c[1] >= 0)):
+            if delta:
+                level += delta
+                curve.append((t, level))
+        curves[rank] = curve
+    return curves
+
+
+def peak_bytes(timeline, cfg: ModelConfig, bounds, rows: int, policies=None) -> dict[int, int]:
+    """The byte model's peak of live activations per rank along `timeline`."""
+    return {r: max(level for _t, level in curve)
+            for r, curve in byte_curves(timeline, cfg, bounds, rows, policies).items()}

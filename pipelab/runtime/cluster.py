@@ -111,7 +111,7 @@ class LocalCluster:
     def run(self, schedule, model=None, partition=None, *, seed: int = 0,
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
-            data_parallel: int = 1, _inject: dict | None = None) -> RunResult:
+            data_parallel: int = 1, recompute=None, _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
         model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
@@ -124,12 +124,16 @@ class LocalCluster:
         data_parallel: replicas of the pipeline (a mesh of ranks = pipeline ranks × replicas
             processes); each takes 1/data_parallel of the batch, and each stage's gradients are
             all-reduced over its replicas right after its last backward (`AR` actions).
+        recompute: activation recomputation, "none" (default), "full", "selective" or
+            "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
+            actions are added before each backward that needs one (recompute.py).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"} or {"drop": "0F1"}.
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
-                           inject=_inject, data_parallel=data_parallel)
+                           inject=_inject, data_parallel=data_parallel,
+                           recompute=recompute)
         self.start()
         began = time.perf_counter()
         try:

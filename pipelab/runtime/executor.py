@@ -24,6 +24,7 @@ from ..weight_grad import WeightGradStore
 from .handlers import HANDLERS
 from . import collectives  # noqa: F401  (registers the AR handler)
 from .versions import weight_versions   # (and registers the U handler)
+from .. import recompute  # noqa: F401  (registers the R kind and handler)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
@@ -71,6 +72,9 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp)) if mesh.dp > 1 else None
         state.versions = weight_versions(spec, stages, meter)
+        if spec.recompute:
+            state.recompute = recompute.Recomputer(
+                {s: spec.recompute[s] for s in sched.stages_of(pp)}, meter)
         board.set(rank, k, 0, SYNC)
         dist.barrier()                 # every rank starts the step together: one time origin
         report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
@@ -163,7 +167,8 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         stall = fail = drop = None
     reductions = state.in_flight
     clock, cpu_clock = time.perf_counter, time.thread_time
-    actions, recvs, pending = [], [], []
+    actions, recvs, pending, peaks = [], [], [], []
+    meter = state.meter
     begin = clock()
     memory = [(begin, state.meter.live)]
     arrived: dict = {}
@@ -180,6 +185,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         # Post the next step's receives before computing: never blocks, hides the transfer.
         posted = _post(plan[i + 1], wiring[i + 1]) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
+        meter.reset_peak()             # this action's own peak, whatever it frees by its end
         cpu0, start = cpu_clock(), clock()
         if item == stall:
             _stall(item)
@@ -200,7 +206,8 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
                         p2p.send(transfer, out, pending)
                         state.meter.hold_send(out.numel() * out.element_size())
         end, cpu = clock(), cpu_clock() - cpu0
-        actions.append((i, item, waited_from, start, end, cpu, state.meter.live))
+        actions.append((i, item, waited_from, start, end, cpu, meter.live))
+        peaks.append(meter.peak)
         memory.append((end, state.meter.live))
         if reductions:
             _note_reductions(reductions, actions, clock)
@@ -213,7 +220,8 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         _finished(red, actions, clock)
     reductions.clear()
     return {"begin": begin, "actions": actions, "recvs": recvs, "memory": memory,
-            "losses": dict(state.losses), "peak": state.meter.peak,
+            "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
+            "action_peaks": peaks,
             "send_peak": state.meter.sending_peak}
 
 

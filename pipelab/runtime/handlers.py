@@ -52,7 +52,7 @@ def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     x, y = state.microbatches[mb]
     inp = inputs["x"].requires_grad_() if "x" in inputs else x
     with state.meter.saving():
-        out = state.module(s, mb)(inp)
+        out = state.forward(s, mb, inp)
         if s == state.last_stage:
             loss = loss_fn(out, y)
             state.losses[mb] = loss.item()

@@ -77,6 +77,11 @@ class ActivationMeter:
         self._watchers[id(watcher)] = (watcher, key)
         return packed
 
+    def count_saved(self, tensor: torch.Tensor):
+        """Count `tensor` as saved for backward until the returned alias is let go: what a
+        recomputation materialises for a graph the forward built (recompute.py)."""
+        return self._pack(tensor)
+
     def _release(self, ref: weakref.ref) -> None:
         self._let_go(self._watchers.pop(id(ref))[1])
 

@@ -11,6 +11,7 @@ from ..model import ToyGPT
 from ..parallel.data_parallel import REDUCE
 from ..simulate import Costs, simulate
 from ..timeline import Event, Timeline
+from ..schedules.actions import Action
 from .spec import RunSpec
 
 
@@ -47,6 +48,9 @@ class RunResult:
     process_timelines: dict[tuple[int, int], Timeline] = field(default_factory=dict)
     # A schedule with optimizer updates (U): weight versions and their check (versions.py).
     versions: object | None = None
+    # Per pipeline rank, each action of the last step with the peak of live activation bytes
+    # while it ran (what it materialised included, even if it freed it by its end).
+    action_peaks: dict[int, list[tuple[Action, int]]] = field(default_factory=dict)
 
     @property
     def mesh(self):
@@ -56,12 +60,17 @@ class RunResult:
     def data_parallel(self) -> int:
         return self.spec.data_parallel
 
-    def parameter_bytes(self) -> list[int]:
-        """Bytes of gradients each stage all-reduces (float32 parameters of its layers)."""
-        from ..model import build_layers
-        return [sum(p.numel() * p.element_size()
-                    for p in build_layers(self.spec.cfg, a, b).parameters())
-                for a, b in self.spec.bounds]
+    def parameter_bytes(self, by: str = "stage"):
+        """Bytes of float32 parameters (and of the gradients each stage all-reduces): a list
+        with one number per stage, or with by="rank" a dict {pipeline rank: bytes}."""
+        from ..memory import parameter_bytes
+        stages = [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
+        if by == "stage":
+            return stages
+        if by != "rank":
+            raise ValueError(f"by must be 'stage' or 'rank', got {by!r}")
+        sched = self.schedule
+        return {r: sum(stages[s] for s in sched.stages_of(r)) for r in range(sched.ranks)}
 
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
         """The simulator's prediction for this run: each compute kind at its measured median
@@ -120,7 +129,12 @@ class RunResult:
 
     @property
     def peak_activations(self) -> dict[int, float]:
-        return self.timeline.peak_activations()
+        """Peak live activation bytes per rank in the last step: the highest of its actions'
+        own peaks (the meter samples inside each action, not only at its end)."""
+        if not self.action_peaks:
+            return self.timeline.peak_activations()
+        return {r: max((peak for _a, peak in self.action_peaks.get(r, ())), default=0)
+                for r in range(self.schedule.ranks)}
 
     def summary(self) -> dict:
         return {"schedule": self.schedule.name, "ranks": self.schedule.ranks,
@@ -213,13 +227,17 @@ def _latency(reports: list[dict], k: int) -> float:
 def _i_frees(reports: list[dict], k: int) -> float | None:
     """The share of a forward's activation bytes that its I releases (W releases the rest),
     measured with the saved-tensors meter: the median over the step's split backwards of the
-    bytes I freed over the bytes F added. None when the schedule splits no backward."""
+    bytes I freed over the bytes F added (and a recomputation R restored: every kind whose
+    output is the stage's activations or its saved ones). None when no backward is split."""
+    from ..schedules.kinds import ACTIVATION, KIND_SPECS, SAVED
+    adds = {k for k, spec in KIND_SPECS.items() if spec.output in (ACTIVATION, SAVED)}
     added, shares = {}, []
     for rep in reports:
         before = rep["steps"][k]["memory"][0][1]
         for _i, item, _w, _s, _e, _c, live in rep["steps"][k]["actions"]:
-            if len(item.parts) == 1 and item.kind == "F":
-                added[(item.stage, item.microbatch)] = live - before
+            if len(item.parts) == 1 and item.kind in adds:
+                key = (item.stage, item.microbatch)
+                added[key] = added.get(key, 0) + live - before
             elif len(item.parts) == 1 and item.kind == "I":
                 grew = added.get((item.stage, item.microbatch))
                 if grew:
@@ -284,7 +302,10 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                        send_buffer_peak={rep["rank"]: rep["steps"][last]["send_peak"]
                                          for rep in reports},
                        i_frees=i_frees, replica_timelines=replica_timelines,
-                       process_timelines=process_timelines)
+                       process_timelines=process_timelines,
+                       action_peaks={rep["rank"]: [(a[1], peak) for a, peak in zip(
+                           rep["steps"][last]["actions"], rep["steps"][last]["action_peaks"])]
+                           for rep in reports})
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)

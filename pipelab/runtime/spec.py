@@ -35,6 +35,7 @@ class RunSpec:
     plugins: tuple[str, ...] = ()        # modules defining the schedule's non-pipelab kinds
     data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
     inject_replica: int | None = None    # test hook: inject only into this replica
+    recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
 
     @property
     def mesh(self):
@@ -98,7 +99,8 @@ def _injections(schedule: Schedule, inject,
 
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
-                check: bool = True, inject=None, data_parallel: int = 1) -> RunSpec:
+                check: bool = True, inject=None, data_parallel: int = 1,
+                recompute=None) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
@@ -138,8 +140,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
-    plugins = plugins_for(schedule)
     bounds, method = _bounds(cfg, schedule.stages, partition)
+    from ..recompute import prepare as prepare_recompute
+    schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
+    plugins = plugins_for(schedule)
     m = schedule.microbatches
     batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
     if batch_size % (m * dp):
@@ -157,5 +161,5 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica)
+                   method, injections, plugins, dp, replica, policies)
 

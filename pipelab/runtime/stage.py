@@ -77,6 +77,14 @@ class StepState:
         self.in_flight: list = []
         # Weight versions (runtime/versions.py) when the schedule updates inside itself.
         self.versions = None
+        # Activation recomputation (recompute.py): a Recomputer when a policy drops activations.
+        self.recompute = None
+
+    def forward(self, stage: int, microbatch: int, inp: torch.Tensor) -> torch.Tensor:
+        """The stage's forward; under a recompute policy, keeping only what the policy keeps."""
+        if self.recompute is None:
+            return self.module(stage, microbatch)(inp)
+        return self.recompute.forward(self.module(stage, microbatch), inp, stage, microbatch)
 
     def module(self, stage: int, microbatch: int | None = None) -> nn.Sequential:
         """The stage's layers; with weight versions, the version this microbatch's forward uses."""

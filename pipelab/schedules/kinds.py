@@ -17,6 +17,7 @@ from .actions import NO_MICROBATCH, Action
 
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input gradient"
+SAVED = "saved activations"       # what a backward reads on its own stage: F's, or a recomputation's
 
 
 class Input(NamedTuple):
@@ -111,7 +112,8 @@ def _forward_inputs(schedule, a: Action) -> list[Input]:
 
 def _backward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
-    own = _new(Input, ("saved", _new(Action, (stage, "F", mb)), False))
+    own = _new(Input, ("saved", _index(schedule).get((SAVED, stage, mb))
+                       or _new(Action, (stage, "F", mb)), False))
     if stage == len(schedule.placement) - 1:
         return [own]     # the last stage starts from the loss
     found = _index(schedule).get((INPUT_GRADIENT, stage + 1, mb))
@@ -135,7 +137,7 @@ register_kind("W", "weight-gradient backward", inputs=_weight_inputs, memory=-1.
               module="pipelab")
 
 # The kind a (stage, microbatch) uses when its producer of `output` is missing: for messages.
-DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B"}
+DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B", SAVED: "F"}
 
 
 def spec_of(kind: str) -> KindSpec:
