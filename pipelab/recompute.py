@@ -303,3 +303,24 @@ def recompute_handler(state, a: Action, inputs: dict) -> None:
     """Fill the slots the stage's forward left for this microbatch (the backward reads them)."""
     state.recompute.recompute(a.stage, a.microbatch)
     return None
+
+
+# --- on one process: segment-by-segment checkpointing ---------------------------------------------
+def sequential_peak(cfg: ModelConfig, rows: int, policy: str = "none", k: int | None = None,
+                    seed: int = 0) -> int:
+    """Peak saved-activation bytes of one forward and backward of the whole model on one
+    process, with no `R`: each dropped region is recomputed when the backward reaches it, so
+    only one segment is back at a time — Chen et al.'s setting, where keeping every k-th input
+    costs ⌈n/k⌉ checkpoints plus one segment of k blocks."""
+    from .data import get_batch
+    from .model import build_layers, loss_fn
+    from .runtime.meter import ActivationMeter
+    layers = build_layers(cfg, 0, cfg.total_layers)
+    bounds = [(0, cfg.total_layers)]
+    chosen = policies({"policy": policy, "k": k} if k is not None else policy, cfg, bounds)
+    meter = ActivationMeter(layers.parameters())
+    x, y = get_batch(rows, cfg.seq_len, seed=seed)
+    with meter.saving():
+        loss = loss_fn(Recomputer({0: chosen[0]}, meter).forward(layers, x, 0, 0), y)
+    loss.backward()
+    return meter.peak
