@@ -320,7 +320,26 @@ def sequential_peak(cfg: ModelConfig, rows: int, policy: str = "none", k: int | 
     chosen = policies({"policy": policy, "k": k} if k is not None else policy, cfg, bounds)
     meter = ActivationMeter(layers.parameters())
     x, y = get_batch(rows, cfg.seq_len, seed=seed)
-    with meter.saving():
-        loss = loss_fn(Recomputer({0: chosen[0]}, meter).forward(layers, x, 0, 0), y)
-    loss.backward()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)      # toy-sized ops: handing them to a second thread costs more
+    try:
+        with meter.saving():
+            loss = loss_fn(Recomputer({0: chosen[0]}, meter).forward(layers, x, 0, 0), y)
+        loss.backward()
+    finally:
+        torch.set_num_threads(threads)
     return meter.peak
+
+
+def recompute_flops(cfg: ModelConfig, start: int, stop: int, rows: int, policy: str = "none") -> int:
+    """Forward FLOPs the `R` of one microbatch of layers [start, stop) repeats: every block's
+    (model.layer_costs) under `full` and `every-k`, the attention core's 4·rows·s²·h under
+    `selective` (QKᵀ and the weighted sum; the softmax is not counted), none under `none`."""
+    from .model import layer_costs
+    check_policy(policy)
+    blocks = [r for r in layer_costs(cfg, rows)[start:stop] if r["kind"] == "block"]
+    if policy == "none":
+        return 0
+    if policy == "selective":
+        return len(blocks) * 4 * rows * cfg.seq_len ** 2 * cfg.d_model
+    return sum(r["flops"] for r in blocks)
