@@ -67,6 +67,8 @@ def _one(value, stage: int | None) -> Policy:
     try:
         k = check_policy(value["policy"], value.get("k"))
     except ValueError as err:
+        if stage is None:
+            raise
         raise ValueError(f"{where}: {err}") from None
     return Policy(value["policy"], k)
 

@@ -145,6 +145,7 @@ def test_R_with_split_backward_restores_what_I_and_W_need():
 @pytest.mark.parametrize("recompute, match", [
     ("some", "recompute policy must be one of"),
     (["full"], "one policy per stage"),
+    (["full", "sometimes"], r"recompute\[1\]: recompute policy must be one of"),
     ({"policy": "every-k", "k": 0}, "k .* >= 1"),
     ({"policy": "full", "k": 2}, "only for policy 'every-k'"),
     ({"kind": "full"}, "needs 'policy'"),
