@@ -151,7 +151,7 @@ def plot_policies(rows: list[dict], title: str):
     left.set_ylabel("peak activations (KiB)")
     left.set_title("peak per rank — measured", fontsize=10)
     left.legend(fontsize=7, frameon=False)
-    right.bar([x - 0.2 for x in xs], [r["r_share"] * 100 for r in rows], 0.38, color="#937860",
+    right.bar([x - 0.2 for x in xs], [r["r_share"] * 100 for r in rows], 0.38, color=kind_colour("R"),
               label="R's share of CPU time (measured)")
     right.bar([x + 0.2 for x in xs], [r["flop_share"] * 100 for r in rows], 0.38, color="#CCB974",
               label="R's share of FLOPs (model)")
