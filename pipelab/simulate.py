@@ -11,6 +11,8 @@ import numbers
 from dataclasses import dataclass, replace
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from .schedules.actions import Action
 from .schedules.gcpause import without_gc
 from .schedules.graph import timed_run
@@ -180,23 +182,27 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     order = schedule.execution_order()     # validates (once per unchanged schedule)
     if costs.replicas is None and getattr(schedule, "data_parallel", 1) > 1:
         costs = replace(costs, replicas=schedule.data_parallel)
-    unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
-    events: list[Event] = []
-    deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
     # Share of one forward's activations each kind adds (+) or releases (−): the kind specs,
-    # with I and W split as `i_frees` says.
+    # with I and W split as `i_frees` says. Per rank, when each change happens and its size.
     effect = {kind: spec.memory for kind, spec in KIND_SPECS.items() if spec.memory}
     effect["I"], effect["W"] = -i_frees, -(1.0 - i_frees)
+    when: list[list[float]] = [[] for _ in range(schedule.ranks)]
+    size: list[list[float]] = [[] for _ in range(schedule.ranks)]
+    events: list[Event] = []
     timed = timed_run(order, _cached_durations(costs, schedule.microbatches), costs.comm)
     for rank, item, start, finish in timed:
         events.append(_new(Event, (rank, item, start, finish, None)))
         for part in ((item,) if type(item) is Action else item):
             change = effect.get(part[1])
             if change:
-                deltas[rank].append((start if change > 0 else finish, change * unit[rank]))
+                when[rank].append(start if change > 0 else finish)
+                size[rank].append(change)
+    stages_on = [0] * schedule.ranks
+    for owner in schedule.placement:
+        stages_on[owner] += 1
     title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
                              if costs.per == "batch" else "")
-    return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
+    return Timeline(events, schedule.ranks, source=source, memory=_curves(when, size, stages_on),
                     memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
                     schedule=schedule, comm=costs.comm)
 
@@ -216,17 +222,17 @@ def _cached_durations(costs: Costs, microbatches: int = 1):
     return duration
 
 
-def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
-    """Step curves; changes at the same instant are merged (a free and an allocation at one
-    moment do not dip to the lower level and back)."""
+def _curves(when: list[list[float]], size: list[list[float]],
+            stages_on: list[int]) -> dict[int, list[tuple[float, float]]]:
+    """Step curves of live activations per rank, in units of one stage's forward (a rank with
+    v stages holds 1/v of its activations per stage-forward). `when[r]` is in time order (one
+    rank runs one action at a time); changes at the same instant are merged (a free and an
+    allocation at one moment do not dip to the lower level and back); levels are rounded to
+    12 digits so that what was allocated and freed again reads as exactly 0."""
     curves = {}
-    for rank, changes in deltas.items():
-        level, curve = 0.0, [(0.0, 0.0)]
-        for t, delta in changes:    # already in time order: one rank runs one action at a time
-            level = round(level + delta, 12)
-            if curve[-1][0] == t:
-                curve[-1] = (t, level)
-            else:
-                curve.append((t, level))
-        curves[rank] = curve
+    for rank, (times, changes) in enumerate(zip(when, size)):
+        t = np.concatenate(([0.0], times))
+        level = np.round(np.concatenate(([0.0], np.cumsum(changes))) / stages_on[rank], 12)
+        last = np.append(t[1:] != t[:-1], True)     # the last change at each instant
+        curves[rank] = list(zip(t[last].tolist(), level[last].tolist()))
     return curves
