@@ -13,7 +13,7 @@ still have work, the schedule deadlocks.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .actions import Action
 from .gcpause import without_gc
@@ -113,10 +113,14 @@ def execution_order(schedule) -> Order:
                 else:
                     deps = [edge for part in item for edge in inputs_fn[part[1]](s, part)
                             if edge[1] not in item]
-            before = [placed.get(edge[1]) for edge in deps]
-            if None in before:
-                missing = deps[before.index(None)][1]
-                waiting[missing].append(rank)
+            before = []                      # positions of its inputs, while all are there
+            for edge in deps:
+                k = placed.get(edge[1])
+                if k is None:
+                    break
+                before.append(k)
+            if len(before) < len(deps):
+                waiting[deps[len(before)][1]].append(rank)
                 parked[rank] = deps
                 break
             if collective and item[1] in collective:
@@ -131,11 +135,17 @@ def execution_order(schedule) -> Order:
             steps.append(item)
             ranks_of.append(ranks)
             producers.append(before)
-            for part in ((item,) if type(item) is Action else item):
-                placed[part] = k
-                woken = waiting.pop(part, None)
+            if type(item) is Action:
+                placed[item] = k
+                woken = waiting.pop(item, None)
                 if woken:
                     ready.extend(woken)
+            else:
+                for part in item:
+                    placed[part] = k
+                    woken = waiting.pop(part, None)
+                    if woken:
+                        ready.extend(woken)
             if len(ranks) > 1:               # a collective moves every member on
                 for other in ranks:
                     if other != rank:
@@ -151,22 +161,27 @@ def execution_order(schedule) -> Order:
     return Order(steps, ranks_of, producers)
 
 
-def timed_run(order: Order, duration: Callable, comm: float = 0.0,
-              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
-    """Yield (rank, step, start, end) along an execution order: each rank runs its steps in
-    order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
-    a collective, once every member is free. The simulator runs this with its cost model, the
-    grid with one time unit per step, the critical path with both.
+def step_times(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+               lanes: bool = True) -> tuple[list[float], list[float]]:
+    """The start and end of every step of an execution order, by position, in one pass along
+    it: each rank runs its steps in order; a step starts once its inputs have arrived (+`comm`
+    when they cross ranks) and, for a collective, once every member is free. The simulator
+    runs this with its cost model, the grid with one time unit per step, the critical path
+    with both.
 
     A kind registered with `lane="comm"` (a gradient all-reduce) occupies the rank's
     communication lane instead of its compute: the actions after it on the rank do not wait
     for it, so the overlap of communication with compute is what the model predicts. With
-    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn."""
+    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn.
+
+    `duration` is the time of a step (a function of it), or the list of times by position."""
     steps, ran_on = order.steps, order.ranks
-    finish = [0.0] * len(steps)          # by position in the order
+    took = map(duration, steps) if callable(duration) else duration
+    begin = [0.0] * len(steps)
+    finish = [0.0] * len(steps)
     free: dict = defaultdict(float)      # rank (compute) or (rank, "comm") -> when it is free
     beside = comm_kinds() if lanes else ()
-    for k, (ranks, item, before) in enumerate(zip(ran_on, steps, order.producers)):
+    for k, (ranks, item, before, time) in enumerate(zip(ran_on, steps, order.producers, took)):
         if len(ranks) == 1:
             rank = ranks[0]
             lane = (rank, "comm") if beside and type(item) is Action and item[1] in beside \
@@ -176,18 +191,27 @@ def timed_run(order: Order, duration: Callable, comm: float = 0.0,
                 arrival = finish[p] + (comm if rank not in ran_on[p] else 0.0)
                 if arrival > start:
                     start = arrival
-        else:
-            start = max(free[r] for r in ranks)
-            for p in before:
-                crosses = any(r not in ran_on[p] for r in ranks)
-                start = max(start, finish[p] + (comm if crosses else 0.0))
-        end = finish[k] = start + duration(item)
-        if len(ranks) == 1:
-            free[lane] = end
-            yield rank, item, start, end
+            begin[k] = start
+            free[lane] = finish[k] = start + time
             continue
+        start = max(free[r] for r in ranks)
+        for p in before:
+            crosses = any(r not in ran_on[p] for r in ranks)
+            start = max(start, finish[p] + (comm if crosses else 0.0))
+        begin[k] = start
+        finish[k] = start + time
         for rank in ranks:
-            free[rank] = end
+            free[rank] = finish[k]
+    return begin, finish
+
+
+def timed_run(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
+    """Yield (rank, step, start, end) along an execution order (`step_times`); a collective
+    step once for each of its ranks."""
+    for ranks, item, start, end in zip(order.ranks, order.steps,
+                                       *step_times(order, duration, comm, lanes)):
+        for rank in ranks:
             yield rank, item, start, end
 
 
