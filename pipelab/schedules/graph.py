@@ -104,9 +104,9 @@ def execution_order(schedule) -> Order:
         rank = ready.pop()
         acts = s.actions[rank]
         i, n = position[rank], len(acts)
+        deps = parked.pop(rank, None)        # the inputs of the step it parked at, if any
         while i < n:
             item = acts[i]
-            deps = parked.pop(rank, None)
             if deps is None:
                 if type(item) is Action:     # the common case, kept free of function calls
                     deps = inputs_fn[item[1]](s, item)
@@ -123,6 +123,7 @@ def execution_order(schedule) -> Order:
                 waiting[deps[len(before)][1]].append(rank)
                 parked[rank] = deps
                 break
+            deps = None
             if collective and item[1] in collective:
                 members = members_of(s, item)
                 arrived[item].add(rank)
