@@ -1,7 +1,8 @@
 """How fast is the schedule language on a big pipeline? 1F1B, 64 ranks × 1024 microbatches.
 
-Prints the median of several repeats for each phase; the target is under 0.5 s each on the
-project's 2-core machines. `simulate` needs the execution order that `validate` computes; the
+Prints the median of several repeats for each phase; the target is the three together under
+0.5 s of CPU time on one core (CPU time: wall-clock on the shared 2-core machines measures the
+neighbours too). `simulate` needs the execution order that `validate` computes; the
 schedule caches it while unchanged, so the simulate phase measures the simulation alone.
 """
 import argparse
@@ -42,7 +43,9 @@ def main() -> None:
     print(f"{args.schedule}: {args.ranks} ranks x {args.microbatches} microbatches = {len(sched)} actions")
     print(f"{'phase':<10} {'wall s':>8} {'cpu s':>8} {'target s':>9}  ok")
     for phase, (wall, cpu, _) in (("generate", gen), ("validate", val), ("simulate", sim)):
-        print(f"{phase:<10} {wall:8.3f} {cpu:8.3f} {0.5:9.1f}  {'yes' if wall < 0.5 else 'NO'}")
+        print(f"{phase:<10} {wall:8.3f} {cpu:8.3f} {'':>9}")
+    wall, cpu = (sum(phase[i] for phase in (gen, val, sim)) for i in (0, 1))
+    print(f"{'together':<10} {wall:8.3f} {cpu:8.3f} {0.5:9.1f}  {'yes' if cpu < 0.5 else 'NO'}")
     print("(simulate reuses the validated execution order that the schedule caches while unchanged)")
     print(f"makespan {tl.makespan:g} (formula {3 * (args.microbatches + args.ranks - 1)}), "
           f"bubble fraction {tl.bubble_fraction():.4f}")

@@ -9,11 +9,15 @@ from __future__ import annotations
 import math
 import numbers
 from dataclasses import dataclass, replace
+from itertools import repeat
+from operator import itemgetter
 from typing import Mapping, Sequence
+
+import numpy as np
 
 from .schedules.actions import Action
 from .schedules.gcpause import without_gc
-from .schedules.graph import timed_run
+from .schedules.graph import step_times
 from .schedules.kinds import KIND_SPECS
 from .timeline import Event, Timeline
 
@@ -180,25 +184,62 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     order = schedule.execution_order()     # validates (once per unchanged schedule)
     if costs.replicas is None and getattr(schedule, "data_parallel", 1) > 1:
         costs = replace(costs, replicas=schedule.data_parallel)
-    unit = [1.0 / len(schedule.stages_of(r)) for r in range(schedule.ranks)]
-    events: list[Event] = []
-    deltas: dict[int, list[tuple[float, float]]] = {r: [] for r in range(schedule.ranks)}
+    names = list(KIND_SPECS)                # kinds by number, for the bulk (numpy) steps
+    plain = _plain_steps(order, names)
+    starts, ends = step_times(order, _durations(costs, order, plain, names,
+                                                schedule.microbatches), costs.comm)
+    if plain is not None:                    # one event per step, built in bulk
+        rank, kind, _stage = plain
+        events = list(map(_new, repeat(Event), zip(rank.tolist(), order.steps, starts, ends,
+                                                   repeat(None))))
+        rows = rank, kind, np.array(starts), np.array(ends)
+    else:                                    # a collective's step: one event on each rank
+        events = [_new(Event, (rank, item, start, end, None))
+                  for ranks, item, start, end in zip(order.ranks, order.steps, starts, ends)
+                  for rank in ranks]
+        code = {kind: i for i, kind in enumerate(names)}
+        rows = np.array([(e[0], code[part[1]], e[2], e[3]) for e in events
+                         for part in e[1].parts]).reshape(-1, 4).T
     # Share of one forward's activations each kind adds (+) or releases (−): the kind specs,
     # with I and W split as `i_frees` says.
     effect = {kind: spec.memory for kind, spec in KIND_SPECS.items() if spec.memory}
     effect["I"], effect["W"] = -i_frees, -(1.0 - i_frees)
-    timed = timed_run(order, _cached_durations(costs, schedule.microbatches), costs.comm)
-    for rank, item, start, finish in timed:
-        events.append(_new(Event, (rank, item, start, finish, None)))
-        for part in ((item,) if type(item) is Action else item):
-            change = effect.get(part[1])
-            if change:
-                deltas[rank].append((start if change > 0 else finish, change * unit[rank]))
+    stages_on = [0] * schedule.ranks
+    for owner in schedule.placement:
+        stages_on[owner] += 1
+    memory = _curves(*rows, np.array([effect.get(k, 0.0) for k in names]), stages_on)
     title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
                              if costs.per == "batch" else "")
-    return Timeline(events, schedule.ranks, source=source, memory=_curves(deltas),
+    return Timeline(events, schedule.ranks, source=source, memory=memory,
                     memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
                     schedule=schedule, comm=costs.comm)
+
+
+def _plain_steps(order, names: list[str]) -> tuple[np.ndarray, ...] | None:
+    """(rank, kind, stage) of every step of the order as arrays (a kind as its index in
+    `names`), when each step is one action on one rank; None when there are compounds or
+    collectives, which are then read step by step."""
+    code = {kind: i for i, kind in enumerate(names)}
+    n = len(order)
+    kind = np.fromiter(map(code.get, map(itemgetter(1), order.steps), repeat(-1)), np.int64, n)
+    if (kind < 0).any() or max(map(len, order.ranks), default=1) > 1:
+        return None                          # a compound's [1] is an action, not a kind
+    rank = np.fromiter(map(itemgetter(0), order.ranks), np.int64, n)
+    stage = np.fromiter(map(itemgetter(0), order.steps), np.int64, n)
+    return rank, kind, stage
+
+
+def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) -> list[float]:
+    """The time of each step of an execution order, by position: one cost per (kind, stage),
+    looked up in bulk for plain steps, step by step for compounds or measured times."""
+    if costs.per_action or plain is None:
+        return list(map(_cached_durations(costs, microbatches), order.steps))
+    _rank, kind, stage = plain
+    table = np.zeros((len(names), stage.max() + 1))
+    for k in np.unique(kind).tolist():
+        table[k] = [costs.duration(_new(Action, (s, names[k], 0)), microbatches)
+                    for s in range(table.shape[1])]
+    return table[kind, stage].tolist()
 
 
 def _cached_durations(costs: Costs, microbatches: int = 1):
@@ -216,17 +257,25 @@ def _cached_durations(costs: Costs, microbatches: int = 1):
     return duration
 
 
-def _curves(deltas: dict[int, list[tuple[float, float]]]) -> dict[int, list[tuple[float, float]]]:
-    """Step curves; changes at the same instant are merged (a free and an allocation at one
-    moment do not dip to the lower level and back)."""
+def _curves(rank: np.ndarray, kind: np.ndarray, start: np.ndarray, end: np.ndarray,
+            effect: np.ndarray, stages_on: list[int]) -> dict[int, list[tuple[float, float]]]:
+    """Step curves of live activations per rank, from one row per action run (in the order
+    they ran), in units of one stage's forward (a rank with v stages holds 1/v of its
+    activations per stage-forward). `effect[kind]` is what a kind allocates (+, at its start)
+    or frees (−, at its end). Changes at the same instant are merged (a free and an allocation
+    at one moment do not dip to the lower level and back); levels are rounded to 12 digits, so
+    what was allocated and freed again reads exactly 0."""
+    change = effect[kind.astype(np.int64)]
+    keep = change != 0
+    rank, change = rank[keep], change[keep]
+    when = np.where(change > 0, start[keep], end[keep])
+    by_rank = np.argsort(rank, kind="stable")        # each rank's changes, still in time order
+    bounds = np.searchsorted(rank[by_rank], np.arange(len(stages_on) + 1))
     curves = {}
-    for rank, changes in deltas.items():
-        level, curve = 0.0, [(0.0, 0.0)]
-        for t, delta in changes:    # already in time order: one rank runs one action at a time
-            level = round(level + delta, 12)
-            if curve[-1][0] == t:
-                curve[-1] = (t, level)
-            else:
-                curve.append((t, level))
-        curves[rank] = curve
+    for r, stages in enumerate(stages_on):
+        mine = by_rank[bounds[r]:bounds[r + 1]]
+        t = np.concatenate(([0.0], when[mine]))
+        level = np.round(np.concatenate(([0.0], np.cumsum(change[mine]))) / stages, 12)
+        last = np.append(t[1:] != t[:-1], True)     # the last change at each instant
+        curves[r] = list(zip(t[last].tolist(), level[last].tolist()))
     return curves

@@ -8,12 +8,35 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from operator import itemgetter
 from pathlib import Path
 from typing import NamedTuple
+
+import numpy as np
 
 from .schedules.actions import Action
 
 SOURCES = ("simulated", "measured", "replayed")
+
+
+class Event(NamedTuple):
+    rank: int
+    action: Action
+    start: float
+    end: float
+    cpu: float | None = None        # thread CPU seconds, for measured runs
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+def _by_start_then_rank(events: list[Event]) -> list[Event]:
+    """The events sorted by (start, rank), stably (numpy's lexsort: timelines of 10^5 events)."""
+    n = len(events)
+    start = np.fromiter(map(itemgetter(2), events), float, n)
+    rank = np.fromiter(map(itemgetter(0), events), np.int64, n)
+    return [events[i] for i in np.lexsort((rank, start)).tolist()]
 
 
 def _comm_kinds() -> set[str]:
@@ -39,18 +62,6 @@ class PathSummary:
     def total(self) -> float:
         """compute + comm + waiting: the makespan, for a path from `critical_path()`."""
         return self.compute + self.comm + self.waiting
-
-
-class Event(NamedTuple):
-    rank: int
-    action: Action
-    start: float
-    end: float
-    cpu: float | None = None        # thread CPU seconds, for measured runs
-
-    @property
-    def duration(self) -> float:
-        return self.end - self.start
 
 
 @dataclass(frozen=True)
@@ -84,7 +95,7 @@ class Timeline:
                  schedule=None, comm: float | None = None):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        self.events = sorted(events, key=lambda e: (e.start, e.rank))
+        self.events = _by_start_then_rank(events)
         self.ranks = ranks
         self.source = source
         self.memory = memory or {r: [] for r in range(ranks)}

@@ -13,17 +13,15 @@ still have work, the schedule deadlocks.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Callable, Iterator
+from typing import Callable, Iterator, Sequence
 
 from .actions import Action
 from .gcpause import without_gc
 from .kinds import KIND_SPECS, Input, comm_kinds
 
-_new = tuple.__new__
-
-#: One entry of an execution order: (ranks that run it, the step, its input edges from other
-#: steps — each an `Input`, whose [1] is the producing action).
-OrderEntry = tuple[tuple[int, ...], object, list[Input]]
+#: One entry of an execution order, as `Order` yields it: (ranks that run it, the step, the
+#: steps whose outputs it consumes).
+OrderEntry = tuple[tuple[int, ...], object, list]
 
 
 def inputs_of(schedule, action: Action) -> list[Input]:
@@ -58,48 +56,74 @@ def members_of(schedule, action: Action) -> tuple[int, ...] | None:
     return None if spec.members is None else tuple(sorted(spec.members(schedule, action)))
 
 
+class Order:
+    """A feasible execution order, as parallel lists indexed by position in the order:
+    `steps[k]` ran on the ranks `ranks[k]` once the steps at the positions `producers[k]` (its
+    input edges from other steps) had finished. Integer positions instead of actions keep the
+    timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists."""
+    __slots__ = ("steps", "ranks", "producers")
+
+    def __init__(self, steps: list, ranks: list[tuple[int, ...]], producers: list[list[int]]):
+        self.steps, self.ranks, self.producers = steps, ranks, producers
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    def __iter__(self) -> Iterator[OrderEntry]:
+        """(ranks, step, the steps it consumes) in order."""
+        steps = self.steps
+        for ranks, step, before in zip(self.ranks, steps, self.producers):
+            yield ranks, step, [steps[k] for k in before]
+
+
 @without_gc
-def execution_order(schedule) -> list[OrderEntry]:
+def execution_order(schedule) -> Order:
     """The steps in an order a blocking run could take; raises ScheduleError on deadlock.
 
-    Event-driven: a rank that cannot move parks on the first missing input (or on a collective
-    not every member has reached) and is woken when that changes, so the pass is linear.
+    One topological pass over the dataflow graph, event-driven: a rank that cannot move parks
+    on the first missing input (or on a collective not every member has reached) and is woken
+    when that changes, so every step is looked at once or twice, and the pass is linear.
     """
     from .validate import ScheduleError
     s = schedule
     s.reindex()
     inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}
+    collective = {k for k, spec in KIND_SPECS.items() if spec.collective}
+    alone = [(r,) for r in range(s.ranks)]  # shared, not one tuple per step
 
     position = [0] * s.ranks
-    done: set = set()
+    placed: dict = {}                       # finished action -> its position in the order
     waiting: dict = defaultdict(list)       # missing action -> ranks parked on it
-    parked: dict[int, list] = {}            # rank -> dependencies of the step it is stuck at
+    parked: dict[int, list] = {}            # rank -> input edges of the step it is stuck at
     arrived: dict = defaultdict(set)        # collective step -> member ranks already there
     ready = list(range(s.ranks))
-    order: list[OrderEntry] = []
-    collective = {k for k, spec in KIND_SPECS.items() if spec.collective}
+    steps: list = []
+    ranks_of: list[tuple[int, ...]] = []
+    producers: list[list[int]] = []
     while ready:
         rank = ready.pop()
         acts = s.actions[rank]
         i, n = position[rank], len(acts)
+        deps = parked.pop(rank, None)        # the inputs of the step it parked at, if any
         while i < n:
             item = acts[i]
-            deps = parked.pop(rank, None)
             if deps is None:
                 if type(item) is Action:     # the common case, kept free of function calls
                     deps = inputs_fn[item[1]](s, item)
                 else:
                     deps = [edge for part in item for edge in inputs_fn[part[1]](s, part)
                             if edge[1] not in item]
-            missing = None
+            before = []                      # positions of its inputs, while all are there
             for edge in deps:
-                if edge[1] not in done:
-                    missing = edge[1]
+                k = placed.get(edge[1])
+                if k is None:
                     break
-            if missing is not None:
-                waiting[missing].append(rank)
+                before.append(k)
+            if len(before) < len(deps):
+                waiting[deps[len(before)][1]].append(rank)
                 parked[rank] = deps
                 break
+            deps = None
             if collective and item[1] in collective:
                 members = members_of(s, item)
                 arrived[item].add(rank)
@@ -107,16 +131,19 @@ def execution_order(schedule) -> list[OrderEntry]:
                     break                    # park until the last member arrives
                 ranks = members
             else:
-                ranks = (rank,)
-            order.append((ranks, item, deps))
+                ranks = alone[rank]
+            k = len(steps)
+            steps.append(item)
+            ranks_of.append(ranks)
+            producers.append(before)
             if type(item) is Action:
-                done.add(item)
+                placed[item] = k
                 woken = waiting.pop(item, None)
                 if woken:
                     ready.extend(woken)
             else:
                 for part in item:
-                    done.add(part)
+                    placed[part] = k
                     woken = waiting.pop(part, None)
                     if woken:
                         ready.extend(woken)
@@ -132,53 +159,61 @@ def execution_order(schedule) -> list[OrderEntry]:
     if stuck:
         raise ScheduleError(_explain_deadlock(s, position, stuck, arrived), s,
                             [(r, position[r]) for r in stuck])
-    return order
+    return Order(steps, ranks_of, producers)
 
 
-def timed_run(order: list[OrderEntry], duration: Callable, comm: float = 0.0,
-              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
-    """Yield (rank, step, start, end) along an execution order: each rank runs its steps in
-    order; a step starts once its inputs have arrived (+`comm` when they cross ranks) and, for
-    a collective, once every member is free. The simulator runs this with its cost model, the
-    grid with one time unit per step, the critical path with both.
+def step_times(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+               lanes: bool = True) -> tuple[list[float], list[float]]:
+    """The start and end of every step of an execution order, by position, in one pass along
+    it: each rank runs its steps in order; a step starts once its inputs have arrived (+`comm`
+    when they cross ranks) and, for a collective, once every member is free. The simulator
+    runs this with its cost model, the grid with one time unit per step, the critical path
+    with both.
 
     A kind registered with `lane="comm"` (a gradient all-reduce) occupies the rank's
     communication lane instead of its compute: the actions after it on the rank do not wait
     for it, so the overlap of communication with compute is what the model predicts. With
-    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn."""
-    end: dict = {}          # action -> (finish, the ranks that ran it)
+    `lanes=False` (the step grid: one cell per action) every action takes its rank's turn.
+
+    `duration` is the time of a step (a function of it), or the list of times by position."""
+    steps, ran_on = order.steps, order.ranks
+    took = map(duration, steps) if callable(duration) else duration
+    begin = [0.0] * len(steps)
+    finish = [0.0] * len(steps)
     free: dict = defaultdict(float)      # rank (compute) or (rank, "comm") -> when it is free
     beside = comm_kinds() if lanes else ()
-    for ranks, item, deps in order:
+    for k, (ranks, item, before, time) in enumerate(zip(ran_on, steps, order.producers, took)):
         if len(ranks) == 1:
             rank = ranks[0]
             lane = (rank, "comm") if beside and type(item) is Action and item[1] in beside \
                 else rank
             start = free[lane]
-            for edge in deps:
-                finished, ran_on = end[edge[1]]
-                arrival = finished + (comm if rank not in ran_on else 0.0)
+            for p in before:
+                arrival = finish[p] + (comm if rank not in ran_on[p] else 0.0)
                 if arrival > start:
                     start = arrival
-        else:
-            start = max(free[r] for r in ranks)
-            for edge in deps:
-                finished, ran_on = end[edge[1]]
-                crosses = any(r not in ran_on for r in ranks)
-                start = max(start, finished + (comm if crosses else 0.0))
-        finish = start + duration(item)
-        if type(item) is Action:
-            end[item] = (finish, ranks)
-        else:
-            for part in item:
-                end[part] = (finish, ranks)
-        if len(ranks) == 1:
-            free[lane] = finish
-            yield ranks[0], item, start, finish
+            begin[k] = start
+            free[lane] = finish[k] = start + time
             continue
+        start = max(free[r] for r in ranks)
+        for p in before:
+            crosses = any(r not in ran_on[p] for r in ranks)
+            start = max(start, finish[p] + (comm if crosses else 0.0))
+        begin[k] = start
+        finish[k] = start + time
         for rank in ranks:
-            free[rank] = finish
-            yield rank, item, start, finish
+            free[rank] = finish[k]
+    return begin, finish
+
+
+def timed_run(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+              lanes: bool = True) -> Iterator[tuple[int, object, float, float]]:
+    """Yield (rank, step, start, end) along an execution order (`step_times`); a collective
+    step once for each of its ranks."""
+    for ranks, item, start, end in zip(order.ranks, order.steps,
+                                       *step_times(order, duration, comm, lanes)):
+        for rank in ranks:
+            yield rank, item, start, end
 
 
 def _explain_deadlock(s, position, stuck, arrived) -> str:

@@ -6,6 +6,10 @@ with `register_kind` is validated like the built-in ones. The dry run itself liv
 from __future__ import annotations
 
 from collections import defaultdict
+from itertools import chain
+from operator import itemgetter
+
+import numpy as np
 
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from .actions import NO_MICROBATCH, Action
@@ -36,14 +40,49 @@ class ScheduleError(ValueError):
 def validate(schedule) -> list:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
     _check_shape(schedule)
-    where = _check_actions(schedule)
-    _check_complete(schedule)
+    if not _plainly_sound(schedule):       # something to explain: the checks that say what
+        _check_actions(schedule)
+        _check_complete(schedule)
     try:
         return execution_order(schedule)
     except ScheduleError:
         # A rank that needs its own later action deadlocks; say that plainly instead.
-        _check_local_order(schedule, where, edges(schedule))
+        _check_local_order(schedule, _check_actions(schedule), edges(schedule))
         raise
+
+
+# Bits of the training kinds, and the sums a sound (stage, microbatch) has: F+B or F+I+W.
+_BIT = {"F": 1, "B": 2, "I": 4, "W": 8}
+_SOUND_BITS = (1 + 2, 1 + 4 + 8)
+
+
+def _plainly_sound(s) -> bool:
+    """The checks of `_check_actions` and `_check_complete` at once, in bulk with numpy, for
+    the common schedule: plain actions only (no compounds, no collectives, no step-wide kinds).
+    False means "look closer": the explaining checks then find the first offender."""
+    flat = list(chain.from_iterable(s.actions))
+    if not flat or set(map(type, flat)) != {Action}:
+        return False
+    plain = [k for k, spec in KIND_SPECS.items() if spec.per_microbatch and not spec.collective]
+    code = {k: i for i, k in enumerate(plain)}
+    kind = list(map(code.get, map(itemgetter(1), flat)))
+    if None in kind:
+        return False
+    n = len(flat)
+    stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
+    mb = np.fromiter(map(itemgetter(2), flat), np.int64, n)
+    kind = np.array(kind)
+    m, stages = s.microbatches, s.stages
+    rank = np.repeat(np.arange(s.ranks), [len(acts) for acts in s.actions])
+    if stage.min() < 0 or stage.max() >= stages or mb.min() < 0 or mb.max() >= m \
+            or (np.asarray(s.placement)[stage] != rank).any():
+        return False                   # out of range, or on a rank that does not own the stage
+    key = np.sort((stage * len(plain) + kind) * m + mb)
+    if (key[1:] == key[:-1]).any():
+        return False                   # an action twice
+    bit = np.array([_BIT.get(k, 0) for k in plain])[kind]
+    has = np.bincount(stage * m + mb, weights=bit, minlength=stages * m)
+    return bool(np.isin(has, _SOUND_BITS).all())
 
 
 def _check_shape(s) -> None:
