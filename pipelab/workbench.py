@@ -17,7 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .schedules import Schedule, ScheduleError
+from .schedules import Action, Schedule, ScheduleError
+from .schedules.base import IDLE_MARKS
 from .simulate import Costs, simulate
 from .timeline import Timeline
 
@@ -88,9 +89,32 @@ def read(text: str, ranks: int, microbatches: int) -> Schedule:
     if len(lines) != ranks:
         raise ValueError(f"this exercise has {ranks} ranks: write {ranks} lines, one per rank "
                          f"(found {len(lines)})")
-    sched = Schedule.from_text(text, placement=list(range(ranks)), microbatches=microbatches,
-                               name="yours")
+    try:
+        sched = Schedule.from_text(text, placement=list(range(ranks)), microbatches=microbatches,
+                                   name="yours")
+    except ValueError as error:
+        raise ValueError(_with_line(str(error), lines)) from None
     return sched.validate()
+
+
+def _with_line(message: str, lines: list[str]) -> str:
+    """The parser names the action it could not read, not where it is: add its line (the reader
+    sees a grid), and for a lower-case kind the fix. Other complaints pass through."""
+    for number, line in enumerate(lines, 1):
+        for token in line.split(":", 1)[-1].replace(",", " ").split():
+            if token not in IDLE_MARKS and _parse_error(token) == message:
+                fix = "" if _parse_error(token.upper()) else \
+                    f" (kinds are capital letters: {token.upper()})"
+                return f"line {number}: {message}{fix}"
+    return message
+
+
+def _parse_error(token: str) -> str | None:
+    try:
+        Action.parse(token)
+    except ValueError as error:
+        return str(error)
+    return None
 
 
 def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = None,

@@ -46,16 +46,26 @@ def test_solutions_are_the_textbook_schedules():
 @pytest.mark.parametrize("text,words", [
     ("", "write one line per rank (3 lines)"),
     ("0F0 0B0\n1F0 1B0", "this exercise has 3 ranks: write 3 lines"),
-    ("0F0 0B0\n1F0 1B0\n2F0 2X0", "unknown action kind 'X'"),
-    ("0F0 0B0\n1F0 1B0\nhello", "cannot read action 'hello'"),
+    ("   \n\n", "write one line per rank (3 lines)"),
+    (None, "write one line per rank (3 lines)"),
+    ("0F0 0B0\n1F0 1B0\n2F0 2B0\n3F0 3B0", "write 3 lines, one per rank (found 4)"),
+    ("0F0 0B0\n1F0 1B0\n2F0 2X0", "line 3: unknown action kind 'X' in '2X0'"),
+    ("0F0 0B0\n1f0 1B0\n2F0 2B0", "line 2: cannot read action '1f0'"),
+    ("0F0 0B0\n1f0 1B0\n2F0 2B0", "(kinds are capital letters: 1F0)"),
+    ("0F0 0B0\n1F0 1B0\nhello", "line 3: cannot read action 'hello'"),
+    ("rank 0: 0F0 0B0\nrank 1: 1F0 1B0\nrank 5: 2F0 2B0", "rank 2 has no line"),
+    ("0F0 0B0 0F1 0B1\n1F0 1F1 1B0 1B1\n2F0 2B0 2F1 2B1", "deadlock"),
     ("0F0\n1F0 1B0 0B0\n2F0 2B0", "0B0 is on rank 1, but stage 0 lives on rank 0"),
     ("0F0 0B0\n1F0 1B0\n2F0", "stage 2 never runs the backward of microbatch 0"),
     ("0F0 0B0\n1F0 1B0\n2F0 2B0 2F1 2B1", "names microbatch 1, but microbatches are 0..0"),
 ])
 def test_mistakes_are_sentences(text, words):
-    att = workbench.attempt(text, ranks=3, microbatches=1)
+    """Each mistake is one line (the validator's adds its grid after a blank line), naming
+    where it is; none is a traceback."""
+    att = workbench.attempt(text, ranks=3, microbatches=2 if "deadlock" == words else 1)
     assert not att.passed and words in att.problem, att.problem
-    assert "Traceback" not in att.problem
+    sentence, _, grid = att.problem.partition("\n")
+    assert "Traceback" not in att.problem and (not grid or "step | rank 0" in grid), att.problem
 
 
 def test_free_play_without_an_exercise():
