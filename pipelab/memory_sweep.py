@@ -75,23 +75,23 @@ def plot_memory_sweep(sweep: dict, ax=None, title: str = "") -> object:
 def ratio_grid(ranks: int, microbatches: int, ratios: Sequence[float] = (0.5, 1.0, 2.0),
                comms: Sequence[float] = (0.0, 0.3), *, i_frees: float = 0.0) -> list[dict]:
     """For every F : I : W in `ratios`³ and every message latency, one row: {F, I, W, comm,
-    h1, auto_p, h2, auto_2p1}, each of the last four {span, makespan, peak} — zb-auto at ZB-H1's
-    memory (p) and at ZB-H2's (2p − 1) next to them (no h2 / auto_2p1 when m < 2p − 1)."""
-    h1 = schedule("zb-h1", ranks=ranks, microbatches=microbatches)
-    h2 = schedule("zb-h2", ranks=ranks, microbatches=microbatches) \
-        if microbatches >= 2 * ranks - 1 else None
+    h1, auto_p, h2, auto_2p1}, each of the last four {span, makespan, peak, limit} — zb-auto
+    given exactly the peak memory ZB-H1 reaches (p) and ZB-H2 reaches (2p − 1), next to them
+    (no h2 / auto_2p1 when m < 2p − 1)."""
+    hand = {"h1": schedule("zb-h1", ranks=ranks, microbatches=microbatches)}
+    if microbatches >= 2 * ranks - 1:
+        hand["h2"] = schedule("zb-h2", ranks=ranks, microbatches=microbatches)
     rows = []
     for (f, i, w), comm in itertools.product(itertools.product(ratios, repeat=3), comms):
         costs = Costs(F=f, I=i, W=w, comm=comm)
         row = {"F": f, "I": i, "W": w, "comm": comm}
-        pairs = [("h1", h1, None), ("auto_p", None, ranks)]
-        if h2 is not None:
-            pairs += [("h2", h2, None), ("auto_2p1", None, 2 * ranks - 1)]
-        for key, sched, limit in pairs:
-            if sched is None:
-                sched = schedule("zb-auto", ranks=ranks, microbatches=microbatches, costs=costs,
-                                 memory_limit=limit, i_frees=i_frees)
-            r = _row(key, sched, costs, i_frees, limit)
-            row[key] = {k: r[k] for k in ("span", "makespan", "peak")}
+        for key, sched in hand.items():
+            mine = _row(key, sched, costs, i_frees)
+            auto = schedule("zb-auto", ranks=ranks, microbatches=microbatches, costs=costs,
+                            memory_limit=mine["peak"], i_frees=i_frees)
+            theirs = _row(key, auto, costs, i_frees, mine["peak"])
+            auto_key = "auto_p" if key == "h1" else "auto_2p1"
+            for k, r in ((key, mine), (auto_key, theirs)):
+                row[k] = {name: r[name] for name in ("span", "makespan", "peak", "limit")}
         rows.append(row)
     return rows
