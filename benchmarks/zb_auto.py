@@ -37,13 +37,15 @@ def grid_table(ranks: int, microbatches: int, ratios, comms, i_frees: float) -> 
     not_worse = sum(r["auto_p"]["span"] <= r["h1"]["span"] + 1e-9 for r in rows)
     shorter = sum(r["auto_p"]["makespan"] < r["h1"]["makespan"] - 1e-9 for r in rows)
     longer = sum(r["auto_p"]["makespan"] > r["h1"]["makespan"] + 1e-9 for r in rows)
-    print(f"\nat ZB-H1's memory ({rows[0]['auto_p']['limit']:g}): zb-auto's span <= ZB-H1's on {not_worse}/{len(rows)} "
+    h1_memory = rows[0]["auto_p"]["limit"]
+    print(f"\nat ZB-H1's memory ({h1_memory:g}): zb-auto's span <= ZB-H1's on {not_worse}/{len(rows)} "
           f"rows; wall-clock step shorter on {shorter}, longer on {longer}")
     if has_h2:
         for comm in comms:
             gaps = sorted(r["auto_2p1"]["span"] / r["h2"]["span"] - 1
                           for r in rows if r["comm"] == comm)
-            print(f"at ZB-H2's memory ({rows[0]['auto_2p1']['limit']:g}), comm {comm:g}: zb-auto's span vs "
+            print(f"at ZB-H2's memory ({rows[0]['auto_2p1']['limit']:g}), comm {comm:g}: "
+                  f"zb-auto's span vs "
                   f"ZB-H2's {gaps[0]:+.1%} … {gaps[-1]:+.1%} (median {gaps[len(gaps) // 2]:+.1%})")
 
 
