@@ -29,10 +29,14 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from itertools import product
+from typing import TYPE_CHECKING
 
 from .actions import Action
 from .base import Schedule
 from .registry import register
+
+if TYPE_CHECKING:
+    from ..simulate import Costs
 
 FLAGS = ("bubble_before_first_i", "skip_forward_for_i", "fill_partial_gaps")
 
@@ -86,8 +90,10 @@ class _Greedy:
     def owes_w(self, stage: int) -> bool:
         return self.count["W"][stage] < self.count["I"][stage]
 
-    def fits(self, stage: int) -> bool:
-        return self.held[stage] + 1.0 <= self.limit + 1e-9
+    def fits(self, held: float) -> bool:
+        """Whether one more forward fits next to `held` activations (float-safe: i_frees may
+        leave 0.30000000000000004 behind)."""
+        return held + 1.0 <= self.limit + 1e-9
 
     def fill_wait(self, stage: int, arrival: float) -> None:
         """Run owed W's while the stage waits for an input that arrives at `arrival`: whole
@@ -103,7 +109,7 @@ class _Greedy:
                 self.put("W", stage)
 
     def forward(self, stage: int) -> None:
-        while not self.fits(stage):           # make room: W's free what their I left behind
+        while not self.fits(self.held[stage]):    # make room: W's free what their I left behind
             if not self.owes_w(stage):
                 raise ValueError(f"memory_limit={self.limit:g} is too small: stage {stage} "
                                  f"cannot hold one more microbatch's activations")
@@ -133,7 +139,7 @@ class _Greedy:
         arrival = self.done[("F", p - 1, 0)] + self.cost[("I", p - 1)]
         for stage in range(p - 2, -1, -1):
             held, busy_until = self.held[stage], self.free_at[stage]
-            while self.count["F"][stage] + extra[stage] < m and held + 1.0 <= self.limit + 1e-9:
+            while self.count["F"][stage] + extra[stage] < m and self.fits(held):
                 f = self.cost[("F", stage)]
                 late = busy_until + f > arrival + self.comm \
                     if self.flags["bubble_before_first_i"] else busy_until >= arrival + self.comm
@@ -141,7 +147,9 @@ class _Greedy:
                     break
                 held, busy_until, extra[stage] = held + 1.0, busy_until + f, extra[stage] + 1
             arrival = max(busy_until, arrival + self.comm) + self.cost[("I", stage)]
-        for stage in range(1, p):   # each stage runs fewer than the one before (it starts later)
+        # Each stage runs fewer than the one before (it starts later) — unless its warm-up
+        # would already hold all its forwards (the authors' rule, kept for their results).
+        for stage in range(1, p):
             while extra[stage] > 0 and extra[stage] >= extra[stage - 1] \
                     and self.count["F"][stage] + extra[stage] < m:
                 extra[stage] -= 1
@@ -166,14 +174,11 @@ class _Greedy:
         due = self.free_at[nxt] + self.cost[("F", nxt)] + self.cost[("I", nxt)] + self.comm
         if self.free_at[stage] >= due:
             return False
-        # the W's it would run first to make room for the forward
-        room_after, w_owed, w_time = self.held[stage] + 1.0, self.count["I"][stage] \
-            - self.count["W"][stage], 0.0
-        while room_after > self.limit + 1e-9 and w_owed > 0:
-            room_after += self.i_frees - 1.0
-            w_owed -= 1
-            w_time += self.cost[("W", stage)]
-        if self.free_at[stage] + self.cost[("F", stage)] + w_time <= due:
+        held, owed, room_ws = self.held[stage], self.count["I"][stage] - self.count["W"][stage], 0
+        while not self.fits(held) and room_ws < owed:     # the W's it must run first for room
+            held -= 1.0 - self.i_frees
+            room_ws += 1
+        if self.free_at[stage] + room_ws * self.cost[("W", stage)] + self.cost[("F", stage)] <= due:
             return True
         return due - self.free_at[stage] > max(self.bubble) - self.bubble[stage]
 
@@ -235,8 +240,8 @@ def _cost_table(costs, ranks: int, microbatches: int) -> tuple[dict, float]:
 
 
 @register("zb-auto")
-def zb_auto(ranks: int, microbatches: int, costs=None, memory_limit: float | None = None,
-            i_frees: float = 0.0) -> Schedule:
+def zb_auto(ranks: int, microbatches: int, costs: "Costs | None" = None,
+            memory_limit: float | None = None, i_frees: float = 0.0) -> Schedule:
     """The best of the greedy's eight variants for these costs (default F = I = W = 1, no
     comm) and this memory limit (default `ranks`, ZB-H1's peak), with I freeing `i_frees` of a
     forward's activations (0: W frees them all, the simulator's default)."""
