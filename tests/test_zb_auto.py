@@ -124,7 +124,8 @@ def test_the_greedy_clock_is_the_simulators(costs):
 
 
 @pytest.mark.parametrize("options,words", [
-    ({"memory_limit": 0.5}, "memory_limit must be a number >= 1"),
+    ({"memory_limit": 0.5}, "memory_limit must be a finite number >= 1"),
+    ({"memory_limit": float("inf")}, "memory_limit must be a finite number >= 1"),
     ({"memory_limit": "4"}, "memory_limit"),
     ({"costs": {"F": 1}}, "costs must be a pl.Costs"),
     ({"costs": pl.Costs(F=[1, 2])}, "costs.F has 2 per-stage values"),

@@ -218,8 +218,8 @@ def _memory_limit(memory_limit, ranks: int) -> float:
         return float(ranks)                   # ZB-H1's (and 1F1B's) peak
     if isinstance(memory_limit, bool) or not isinstance(memory_limit, numbers.Real) \
             or not math.isfinite(memory_limit) or memory_limit < 1:
-        raise ValueError(f"memory_limit must be a number >= 1 (microbatch-stages of activations "
-                         f"a rank may hold; 1 is one microbatch), got {memory_limit!r}")
+        raise ValueError(f"memory_limit must be a finite number >= 1 (microbatch-stages of "
+                         f"activations a rank may hold; 1 is one microbatch), got {memory_limit!r}")
     return float(memory_limit)
 
 
