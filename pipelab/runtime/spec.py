@@ -136,7 +136,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     if cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
-    if cfg.tie_embeddings and schedule.stages > 1:
+    from ..schedules.vocab import VOCAB_KINDS     # sharded vocabulary: each rank holds both
+    if cfg.tie_embeddings and schedule.stages > 1 and not schedule.kinds() & VOCAB_KINDS:
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
