@@ -83,7 +83,10 @@ def output_forward(state, a: Action, inputs: dict) -> None:
     x = inputs["x"].reshape(-1, inputs["x"].shape[-1])
     with torch.no_grad():
         part = shard_forward(x, weight, _tokens(state, a.microbatch, 1), first)
-        state.scratch[("S", a.microbatch)] = (x, part)
+    # What T will need is activation memory like any other: X's copy and the shard's softmax.
+    for kept in (x, part.probs):
+        state.meter.hold(kept)
+    state.scratch[("S", a.microbatch)] = (x, part)
     return None
 
 
@@ -137,6 +140,8 @@ def output_backward(state, a: Action, inputs: dict) -> None:
         weight.grad = dw if weight.grad is None else weight.grad + dw
         if "Ct" in state.schedule.kinds():       # Vocab-1: this shard's part of dX, for C1
             state.scratch[("T", a.microbatch)] = d @ weight
+    for kept in (x, part.probs):
+        state.meter.drop(kept)
     return None
 
 
