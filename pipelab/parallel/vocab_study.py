@@ -255,3 +255,30 @@ def plot_methods(rows: list[dict], source: str, axes=None):
     axes[1].set_title(f"parameters + activations per rank ({source})")
     axes[1].legend(fontsize=8)
     return axes
+
+
+def vocab_explorer(profiles: dict, ranks: int = 4, microbatches: int = 8,
+                   blocks_per_rank: int = 2):
+    """A vocabulary-size slider over measured profiles ({V: VocabProfile}): per-rank time and
+    memory bars of the four methods, simulated from the measured layer costs."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from .. import ui
+    sizes = sorted(profiles)
+    pick = ui.control(w.SelectionSlider, "vocabulary size V", options=sizes, value=sizes[-1],
+                      continuous_update=False)
+    ranks_box = ui.slider("int", "pipeline ranks p", min=2, max=8, step=2, value=ranks)
+    out = ui.output("420px")
+
+    def draw(*_):
+        rows = method_table(profiles[pick.value], ranks_box.value, microbatches,
+                            blocks_per_rank)
+        with out:
+            out.clear_output(wait=True)
+            plot_methods(rows, f"simulated from measured costs, V={pick.value}")
+            plt.show()
+            print(format_rows(rows))
+    pick.observe(draw, "value")
+    ranks_box.observe(draw, "value")
+    draw()
+    return w.VBox([pick, ranks_box, out])
