@@ -24,8 +24,14 @@ from ..partition import balanced_bounds
 from ..schedules import Schedule, schedule as make_schedule
 from ..simulate import Costs, simulate
 from .vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
+from ..plots import KIND_COLOURS
 
 METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
+# Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
+VOCAB_COLOURS = {"S": "#8C564B", "T": "#E377C2", "C": "#7F7F7F", "Cs": "#7F7F7F",
+                 "Ct": "#595959", "Ef": "#17BECF", "Eb": "#BCBD22"}
+for _kind, _colour in VOCAB_COLOURS.items():
+    KIND_COLOURS.setdefault(_kind, _colour)
 SCHEDULE_OF = {"baseline": "1f1b", "redistribution": "1f1b", "vocab-1": "vocab-1",
                "vocab-2": "vocab-2"}
 BYTES = 4          # float32
@@ -251,8 +257,8 @@ def plot_methods(rows: list[dict], source: str, axes=None):
     for ax, what in zip(axes, ("busy time per step (ms)", "peak memory (MiB)")):
         ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
         ax.set_ylabel(what)
-    axes[0].set_title(f"compute per rank, p={ranks} ({source})")
-    axes[1].set_title(f"parameters + activations per rank ({source})")
+    axes[0].set_title(f"compute per rank, p={ranks}\n({source})", fontsize=10)
+    axes[1].set_title(f"parameters + activations per rank\n({source})", fontsize=10)
     axes[1].legend(fontsize=8)
     return axes
 

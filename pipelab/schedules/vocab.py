@@ -132,11 +132,15 @@ def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
     # Ef(j) with the last step at least one period (F+B) before rank 0's F(j), or first of
     # all; Eb(i) with the first step after rank 0's B(i), or at the very end.
     opening, closing, ending = [], [("T", m - 1)] + [("Ct", m - 1)] * (barriers == 2), []
+    lookups: dict[int, list] = {}
     for j in range(m):
         earlier = [i for i in range(m) if x_ready[i] + 3 <= when[F(0, j)][0]]
-        (steps[earlier[-1]] if earlier else opening).insert(0, ("Ef", j))
+        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Ef", j))
         later = [i for i in range(m) if x_ready[i] >= when[B(0, j)][1]]
         (steps[later[0]] if later else ending).append(("Eb", j))
+    opening += lookups.pop(-1, [])
+    for i, items in lookups.items():
+        steps[i][:0] = items
     # Vocab-1's last C1 is needed before the last B: its T goes into the cool-down, one B
     # ahead (right after S, T would wait for C0 with nothing to hide it). Vocab-2's last T
     # can wait for the end.
