@@ -97,7 +97,8 @@ class StepState:
         # Where the loss is computed: on the last stage, unless the schedule feeds that stage's
         # backward from other actions (vocabulary parallelism computes it across the ranks).
         from ..schedules.kinds import OUTPUT_GRADIENT
-        schedule.reindex()
+        if schedule._index is None:
+            schedule.reindex()
         self.loss_on_last_stage = not any(key[0] == OUTPUT_GRADIENT for key in schedule._index)
         self.scratch: dict = {}                  # what a kind's passes leave for each other
 
