@@ -70,13 +70,42 @@ def corpus_tokens(split: str = "train", path: str | Path | None = None) -> torch
     return _tokens(None if path is None else str(path), split)
 
 
+#: Multipliers of the context hash (odd, so the mixing keeps every bit): see context_tokens.
+_CONTEXT_MIX = (1_000_003, 7_919)
+
+
+def context_tokens(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """A synthetic large vocabulary over the character stream: the token of position j is its
+    character c_j plus VOCAB_SIZE × (a hash of the two characters before it, modulo
+    vocab_size // VOCAB_SIZE). Each character splits into that many context variants, like
+    a sub-word vocabulary whose pieces depend on what precedes them, so ids spread over
+    [0, vocab_size) and a model must predict among all of them. Deterministic, nothing
+    downloaded; with vocab_size < 2 × VOCAB_SIZE the ids are the characters themselves."""
+    positive_int("vocab_size", vocab_size)
+    if vocab_size < VOCAB_SIZE:
+        raise ValueError(f"vocab_size ({vocab_size}) must be at least the alphabet's {VOCAB_SIZE}")
+    variants = vocab_size // VOCAB_SIZE
+    prev1 = torch.cat([ids.new_zeros(1), ids[:-1]])
+    prev2 = torch.cat([ids.new_zeros(2), ids[:-2]])[:len(ids)]
+    context = (prev1 * _CONTEXT_MIX[0] + prev2 * _CONTEXT_MIX[1]) % variants
+    return ids + VOCAB_SIZE * context
+
+
+@functools.lru_cache(maxsize=8)
+def _context_corpus(path: str | None, split: str, vocab_size: int) -> torch.Tensor:
+    return context_tokens(_tokens(path, split), vocab_size)
+
+
 def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
               generator: torch.Generator | None = None, split: str = "train",
-              path: str | Path | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+              path: str | Path | None = None,
+              vocab_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch_size` random windows of the corpus: inputs (b, s) and targets shifted by one.
 
     Deterministic given `seed` (a fresh generator) or `generator` (advanced by the call, so
     successive calls give successive batches); with neither, torch's global RNG is used.
+    With `vocab_size`, the ids are `context_tokens` of the characters, spread over
+    [0, vocab_size) (the same windows as without it).
     """
     positive_int("batch_size", batch_size)
     positive_int("seq_len", seq_len)
@@ -85,6 +114,8 @@ def get_batch(batch_size: int, seq_len: int, *, seed: int | None = None,
     if seed is not None:
         generator = torch.Generator().manual_seed(check_seed("seed", seed))
     data = corpus_tokens(split, path)
+    if vocab_size is not None:
+        data = _context_corpus(None if path is None else str(path), split, vocab_size)
     if seq_len + 1 > len(data):
         raise ValueError(f"seq_len {seq_len} is longer than the {split} corpus ({len(data)} tokens)")
     starts = torch.randint(0, len(data) - seq_len, (batch_size,), generator=generator)

@@ -31,6 +31,10 @@ class ModelConfig:
     seq_len: int = 32
     seed: int = 0
     tie_embeddings: bool = False
+    # "chars": token ids are the corpus's characters (52 symbols, whatever vocab_size is);
+    # "contexts": each character is split into vocab_size // 52 variants by its context
+    # (data.context_tokens), so a large vocabulary is used by the data, not just allocated.
+    tokens: str = "chars"
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
@@ -46,6 +50,8 @@ class ModelConfig:
         if not isinstance(self.tie_embeddings, bool):
             raise ValueError(f"ModelConfig.tie_embeddings must be True or False, "
                              f"got {self.tie_embeddings!r}")
+        if self.tokens not in ("chars", "contexts"):
+            raise ValueError(f"ModelConfig.tokens must be 'chars' or 'contexts', got {self.tokens!r}")
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -53,6 +59,12 @@ class ModelConfig:
     @property
     def ffn_width(self) -> int:
         return self.d_ff if self.d_ff is not None else 4 * self.d_model
+
+    @property
+    def token_vocab(self) -> int | None:
+        """The vocabulary the batches are drawn over (data.get_batch's vocab_size): None for
+        the characters themselves."""
+        return self.vocab_size if self.tokens == "contexts" else None
 
     @property
     def total_layers(self) -> int:

@@ -39,6 +39,11 @@ def _by_start_then_rank(events: list[Event]) -> list[Event]:
     return [events[i] for i in np.lexsort((rank, start)).tolist()]
 
 
+def _collective_kinds() -> set[str]:
+    from .schedules.kinds import KIND_SPECS
+    return {k for k, spec in KIND_SPECS.items() if spec.collective}
+
+
 def _comm_kinds() -> set[str]:
     from .schedules.kinds import comm_kinds
     return comm_kinds()
@@ -212,22 +217,18 @@ class Timeline:
         if not self.events:
             return []
         comm = self.comm or 0.0
-        previous: dict[Event, Event] = {}
-        for r in range(self.ranks):
-            mine = self.events_of(r)
-            previous.update(zip(mine[1:], mine[:-1]))
+        previous = self._lane_predecessors()
         last = max(self.events, key=lambda e: (e.end, e.rank))
         steps: list[PathStep] = []
         event = last
         while True:
             best = None         # (arrival, preference, predecessor, comm, edge)
             for dep in self.dependencies_of(event):
-                hop = comm if dep.rank != event.rank else 0.0
+                hop = comm if self.crosses(dep, event) else 0.0
                 cand = (dep.end + hop, 1, dep, hop, "data")
                 if best is None or cand[:2] > best[:2]:
                     best = cand
-            before = previous.get(event)
-            if before is not None:
+            for before in previous.get(event, ()):
                 cand = (before.end, 0, before, 0.0, "rank")
                 if best is None or cand[:2] > best[:2]:
                     best = cand
@@ -239,6 +240,55 @@ class Timeline:
             event = pred
         steps.reverse()
         return steps
+
+    def ranks_running(self, event: Event) -> tuple[int, ...]:
+        """The ranks that ran the event's action: its members for a collective, else its rank."""
+        from .schedules.graph import members_of
+        action = event.action
+        if len(action.parts) == 1 and action.kind in _collective_kinds():
+            return members_of(self.dependency_schedule(), action)
+        return (event.rank,)
+
+    def crosses(self, producer: Event, consumer: Event) -> bool:
+        """Does the producer's output cross ranks to reach the consumer (a message, `comm`)?
+        As the simulator charges it: some rank running the consumer did not run the producer."""
+        made = self.ranks_running(producer)
+        return any(r not in made for r in self.ranks_running(consumer))
+
+    def _lane_predecessors(self) -> dict[Event, list[Event]]:
+        """Per event, the events that may have held up its start on its own ranks: the previous
+        one on its lane (compute, or the communication lane) in program order; for a collective,
+        that of every member, and on the communication lane also the compute each member ran
+        just before reaching it (a collective starts once every member has arrived)."""
+        beside, together = _comm_kinds(), _collective_kinds()
+        by_rank = {(e.rank, e.action): e for e in self.events}
+        sched = self.dependency_schedule()
+        lane_before: dict[tuple[int, object], tuple[Event | None, Event | None]] = {}
+        for r in range(self.ranks):
+            order = sched.actions[r] if r < len(sched.actions) else []
+            latest: dict[bool, Event] = {}
+            for item in order:
+                e = by_rank.get((r, item))
+                if e is None:
+                    continue
+                aside = item.parts[0].kind in beside
+                lane_before[(r, item)] = (latest.get(aside), latest.get(False) if aside else None)
+                latest[aside] = e
+        out: dict[Event, list[Event]] = {}
+        for e in self.events:
+            if (e.rank, e.action) not in lane_before:      # no program order: start order
+                continue
+            members = self.ranks_running(e) if e.action.parts[0].kind in together else None
+            found = []
+            for m in (members or (e.rank,)):
+                same, issued = lane_before.get((m, e.action), (None, None))
+                found += [x for x in (same, issued if members else None) if x is not None]
+            out[e] = found
+        if not lane_before:
+            for r in range(self.ranks):
+                mine = self.events_of(r)
+                out.update((b, [a]) for a, b in zip(mine, mine[1:]))
+        return out
 
     def path_summary(self, path: list[PathStep] | None = None) -> PathSummary:
         """What the critical path (default: `critical_path()`) is made of: compute, message

@@ -10,6 +10,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
+from pipelab.schedules.graph import members_of  # noqa: E402
+from pipelab.schedules.kinds import comm_kinds  # noqa: E402
 
 UNIT = pl.Costs(F=1.0, I=1.0, W=1.0)
 
@@ -64,6 +66,11 @@ COSTS = {
 }
 
 
+def _aside(event) -> bool:
+    """On the communication lane (beside the compute)?"""
+    return event.action.parts[0].kind in comm_kinds()
+
+
 def _check_path(tl) -> list:
     sched = tl.schedule
     path = tl.critical_path()
@@ -73,11 +80,15 @@ def _check_path(tl) -> list:
         a, b = before.event, step.event
         if step.edge == "data":
             assert a.action in sched.dependencies(b.action), (a, b)
-            assert step.comm_before == (tl.comm if a.rank != b.rank else 0.0)
+            assert step.comm_before == (tl.comm if tl.crosses(a, b) else 0.0)
+        elif members_of(sched, b.action) if len(b.action.parts) == 1 else None:
+            # a collective starts when its last member arrives: a member's previous action
+            assert step.edge == "rank" and step.comm_before == 0
+            assert a.rank in members_of(sched, b.action) and a.end <= b.start, (a, b)
         else:
             assert step.edge == "rank" and a.rank == b.rank and step.comm_before == 0
-            mine = tl.events_of(a.rank)
-            assert mine.index(b) == mine.index(a) + 1, (a, b)     # the very next action
+            mine = [e for e in tl.events_of(a.rank) if _aside(e) == _aside(b)]
+            assert mine.index(b) == mine.index(a) + 1, (a, b)     # the very next on its lane
         assert b.start == pytest.approx(a.end + step.comm_before + step.wait_before)
         assert step.wait_before == pytest.approx(0.0, abs=1e-12)   # simulated: no slack on it
     return path

@@ -21,10 +21,11 @@ from ..schedules import comm_plan
 from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
 from ..weight_grad import WeightGradStore
-from .handlers import HANDLERS
+from .handlers import HANDLERS, run_setups
 from . import collectives  # noqa: F401  (registers the AR handler)
 from .versions import weight_versions   # (and registers the U handler)
 from .. import recompute  # noqa: F401  (registers the R kind and handler)
+from ..parallel import vocab_passes  # noqa: F401  (registers the vocabulary passes' handlers)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
@@ -56,6 +57,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
             process_group(members)
     stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp))
+    run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     holds_loss = sched.rank_of(sched.stages - 1) == pp and replica == 0
@@ -64,7 +66,8 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
               "grads": None}
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
-        inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator)
+        inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator,
+                                    vocab_size=spec.cfg.token_vocab)
         inputs, targets = inputs[rows], targets[rows]      # this replica's share of the batch
         stages.zero_grad()
         meter = ActivationMeter(params)

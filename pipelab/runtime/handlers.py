@@ -24,26 +24,44 @@ Handler = Callable[[StepState, Action, dict], "torch.Tensor | None"]
 OutputShape = Callable[[object, Action], tuple[tuple[int, ...], torch.dtype]]
 
 
+# (run spec, pipeline rank, its RankStages) -> None: adapts what the rank holds before a run
+Setup = Callable[[object, int, object], None]
+
+
 @dataclass(frozen=True)
 class HandlerSpec:
     run: Handler
     output: OutputShape | None = None
     module: str = "pipelab"          # the workers import it from there
+    setup: Setup | None = None
 
 
 HANDLERS: dict[str, HandlerSpec] = {}
 
 
-def register_handler(kind: str, output: OutputShape | None = None) -> Callable[[Handler], Handler]:
+def register_handler(kind: str, output: OutputShape | None = None,
+                     setup: Setup | None = None) -> Callable[[Handler], Handler]:
     """Decorator: `@register_handler("F")` makes the function run every `F` action.
 
     `output(spec, action)` gives the shape and dtype of what the kind sends, when that is not
-    the stage boundary's (rows, seq_len, d_model) float32."""
+    the stage boundary's (rows, seq_len, d_model) float32. `setup(spec, rank, stages)` runs once
+    per run on each rank whose schedule uses the kind, before its first step: a kind that needs
+    parameters of its own (a vocabulary shard) adds them to the rank's stages there."""
     def add(handler: Handler) -> Handler:
         module = getattr(handler, "__module__", None) or inspect.getmodule(handler).__name__
-        HANDLERS[kind] = HandlerSpec(handler, output, module)
+        HANDLERS[kind] = HandlerSpec(handler, output, module, setup)
         return handler
     return add
+
+
+def run_setups(spec, rank: int, stages) -> None:
+    """Each distinct setup of the schedule's kinds, once, in a fixed order."""
+    done = []
+    for kind in sorted(spec.schedule.kinds()):
+        setup = HANDLERS[kind].setup
+        if setup is not None and setup not in done:
+            done.append(setup)
+            setup(spec, rank, stages)
 
 
 @register_handler("F")
@@ -51,15 +69,16 @@ def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     s, mb = a.stage, a.microbatch
     x, y = state.microbatches[mb]
     inp = inputs["x"].requires_grad_() if "x" in inputs else x
+    ends_in_loss = s == state.last_stage and state.loss_on_last_stage
     with state.meter.saving():
         out = state.forward(s, mb, inp)
-        if s == state.last_stage:
+        if ends_in_loss:
             loss = loss_fn(out, y)
             state.losses[mb] = loss.item()
             # So the microbatch gradients (summed over the replicas) are the batch mean's.
             out = loss / (state.m * state.replicas)
     state.saved[(s, mb)] = (inp, out)
-    return None if s == state.last_stage else out.detach()
+    return None if ends_in_loss else out.detach()
 
 
 @register_handler("B")

@@ -250,7 +250,8 @@ def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[floa
     """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error."""
     model = ToyGPT(spec.cfg)
     inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len,
-                                generator=torch.Generator().manual_seed(spec.seed))
+                                generator=torch.Generator().manual_seed(spec.seed),
+                                vocab_size=spec.cfg.token_vocab)
     loss = model.loss(inputs, targets)
     loss.backward()
     errors = {}
@@ -310,6 +311,9 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
     elif spec.check:
-        grads = {name: g for rep in reports for name, g in (rep["grads"] or {}).items()}
+        grads: dict[str, torch.Tensor] = {}     # a parameter split over ranks sums its shards
+        for rep in reports:
+            for name, g in (rep["grads"] or {}).items():
+                grads[name] = grads[name] + g if name in grads else g
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)
     return result

@@ -6,7 +6,7 @@ must never reach the workers: a half-started pipeline is much harder to explain 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..checks import boolean, positive_int, positive_number, seed as check_seed
 from ..data import VOCAB_SIZE
@@ -59,11 +59,15 @@ def check_timeout(value) -> float:
     return positive_number("timeout", value, "number of seconds")
 
 
-def _bounds(cfg: ModelConfig, stages: int, partition) -> tuple[list[tuple[int, int]], str]:
+def _bounds(cfg: ModelConfig, stages: int, partition,
+            sharded: bool = False) -> tuple[list[tuple[int, int]], str]:
     try:
         if partition is None or isinstance(partition, str):
             method = partition or "uniform"
-            parts = make_partition(cfg, stages, method)
+            # Tied tables on different stages are refused by `partition`, unless each rank
+            # holds both halves of its vocabulary shard (vocab-1/2): split as if untied.
+            parts = make_partition(replace(cfg, tie_embeddings=False) if sharded else cfg,
+                                   stages, method)
         elif isinstance(partition, Partition):
             parts, method = partition, partition.method
             if parts.bounds[-1][1] != cfg.total_layers:
@@ -136,11 +140,13 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     if cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
-    if cfg.tie_embeddings and schedule.stages > 1:
+    from ..schedules.vocab import VOCAB_KINDS     # sharded vocabulary: each rank holds both
+    sharded = bool(schedule.kinds() & VOCAB_KINDS)
+    if cfg.tie_embeddings and schedule.stages > 1 and not sharded:
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
-    bounds, method = _bounds(cfg, schedule.stages, partition)
+    bounds, method = _bounds(cfg, schedule.stages, partition, sharded)
     from ..recompute import prepare as prepare_recompute
     schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
     plugins = plugins_for(schedule)

@@ -22,9 +22,14 @@ class RankStages:
     def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
         self.bounds = bounds
         self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        # Row slices of the unsplit model's parameters this rank holds besides its stages
+        # (vocabulary parallelism): name in ToyGPT -> (the slice, its first row, full shape).
+        self.shards: dict[str, tuple[nn.Parameter, int, tuple[int, ...]]] = {}
 
     def parameters(self) -> list[nn.Parameter]:
-        return [p for module in self.modules.values() for p in module.parameters()]
+        params = [p for module in self.modules.values() for p in module.parameters()]
+        return params + [p for p, _, _ in self.shards.values()
+                         if all(p is not q for q in params)]
 
     def named_parameters(self):
         """(name in ToyGPT, parameter): local layer j of stage s is `layers.{start + j}`."""
@@ -34,10 +39,20 @@ class RankStages:
     def zero_grad(self) -> None:
         for module in self.modules.values():
             module.zero_grad(set_to_none=True)
+        for p, _, _ in self.shards.values():
+            p.grad = None
 
     def gradients(self) -> dict[str, torch.Tensor]:
-        return {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                for name, p in self.named_parameters()}
+        """Per parameter name, its gradient; a shard's is zero outside its rows, so the ranks'
+        reports sum to the whole parameter's."""
+        grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+                 for name, p in self.named_parameters()}
+        for name, (p, first, shape) in self.shards.items():
+            full = torch.zeros(shape)
+            if p.grad is not None:
+                full[first:first + p.shape[0]] = p.grad
+            grads[name] = full
+        return grads
 
 
 def layer_names(module: nn.Sequential, start: int) -> list[str]:
@@ -79,6 +94,13 @@ class StepState:
         self.versions = None
         # Activation recomputation (recompute.py): a Recomputer when a policy drops activations.
         self.recompute = None
+        # Where the loss is computed: on the last stage, unless the schedule feeds that stage's
+        # backward from other actions (vocabulary parallelism computes it across the ranks).
+        from ..schedules.kinds import OUTPUT_GRADIENT
+        if schedule._index is None:
+            schedule.reindex()
+        self.loss_on_last_stage = not any(key[0] == OUTPUT_GRADIENT for key in schedule._index)
+        self.scratch: dict = {}                  # what a kind's passes leave for each other
 
     def forward(self, stage: int, microbatch: int, inp: torch.Tensor) -> torch.Tensor:
         """The stage's forward; under a recompute policy, keeping only what the policy keeps."""

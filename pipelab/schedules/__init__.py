@@ -10,7 +10,7 @@ from .graph import execution_order, timed_run
 from .validate import ScheduleError, validate
 
 # Generators register themselves on import.
-from . import gpipe, interleaved, one_f_one_b, pipedream, zero_bubble, zb_auto  # noqa: E402,F401
+from . import gpipe, interleaved, one_f_one_b, pipedream, vocab, zero_bubble, zb_auto  # noqa: E402,F401
 
 __all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
            "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",

@@ -195,14 +195,17 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
             begin[k] = start
             free[lane] = finish[k] = start + time
             continue
-        start = max(free[r] for r in ranks)
+        # A collective starts once every member has reached it; one on the communication lane
+        # (an all-reduce on a side stream) leaves the members' compute running.
+        aside = beside and type(item) is Action and item[1] in beside
+        start = max(max(free[r], free[(r, "comm")]) if aside else free[r] for r in ranks)
         for p in before:
             crosses = any(r not in ran_on[p] for r in ranks)
             start = max(start, finish[p] + (comm if crosses else 0.0))
         begin[k] = start
         finish[k] = start + time
         for rank in ranks:
-            free[rank] = finish[k]
+            free[(rank, "comm") if aside else rank] = finish[k]
     return begin, finish
 
 

@@ -18,6 +18,11 @@ from .actions import NO_MICROBATCH, Action
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input gradient"
 SAVED = "saved activations"       # what a backward reads on its own stage: F's, or a recomputation's
+# The pipeline's two ends, when another kind feeds them (vocabulary parallelism shards the
+# embedding and the output layer over every rank): what the first stage reads instead of the
+# token ids, and where the last stage's backward starts instead of a loss computed on it.
+EMBEDDED = "embedded input"
+OUTPUT_GRADIENT = "output gradient"
 
 
 class Input(NamedTuple):
@@ -104,8 +109,9 @@ def _forward_inputs(schedule, a: Action) -> list[Input]:
     weights = getattr(schedule, "weight_source", None)
     made_by = weights.get((stage, mb)) if weights is not None else None
     edges = [] if made_by is None else [_new(Input, ("weights", made_by, False))]
-    if stage == 0:
-        return edges     # the first stage reads the microbatch's tokens
+    if stage == 0:       # the first stage reads the microbatch's tokens, unless fed
+        found = _index(schedule).get((EMBEDDED, 0, mb))
+        return ([_new(Input, ("x", found, True))] if found else []) + edges
     found = _index(schedule).get((ACTIVATION, stage - 1, mb))
     return [_new(Input, ("x", found or _new(Action, (stage - 1, "F", mb)), True))] + edges
 
@@ -114,8 +120,9 @@ def _backward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
     own = _new(Input, ("saved", _index(schedule).get((SAVED, stage, mb))
                        or _new(Action, (stage, "F", mb)), False))
-    if stage == len(schedule.placement) - 1:
-        return [own]     # the last stage starts from the loss
+    if stage == len(schedule.placement) - 1:   # starts from its loss, unless fed
+        found = _index(schedule).get((OUTPUT_GRADIENT, stage, mb))
+        return [own, _new(Input, ("grad", found, True))] if found else [own]
     found = _index(schedule).get((INPUT_GRADIENT, stage + 1, mb))
     return [own, _new(Input, ("grad", found or _new(Action, (stage + 1, "B", mb)), True))]
 
