@@ -12,7 +12,7 @@ from pipelab.data import get_batch, split_microbatches
 from pipelab.memory import parameter_bytes
 from pipelab.model import loss_fn
 from pipelab.schedules.pipedream import flushed
-from pipelab.schedules.updates import check_updates, update, version_plan
+from pipelab.schedules.updates import check_updates, select, update, version_plan
 
 CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16)
 LR = 0.5            # large, so a stale or wrong version changes the weights visibly
@@ -48,12 +48,12 @@ def test_no_flush_in_the_simulator():
     assert pl.simulate(two_bw, unit).makespan == (m * steps + p - 1) * 3
 
 
-def test_a_forward_before_the_update_that_makes_its_version_is_rejected():
+def test_a_switch_to_a_version_not_made_yet_is_rejected():
     sched = pl.schedule("pipedream-2bw", ranks=2, microbatches=8, per_update=2)
     rank0 = sched.actions[0]
     rank0.remove(update(0, 1))
-    rank0.insert(rank0.index(pl.Action(0, "F", 5)) + 1, update(0, 1))   # after 0F4 needs it
-    with pytest.raises(pl.ScheduleError, match="runs 0F4 at step .*before 0U1"):
+    rank0.insert(rank0.index(select(0, 1)) + 1, update(0, 1))     # 0V1 now comes first
+    with pytest.raises(pl.ScheduleError, match="runs 0V1 at step .*before 0U1"):
         sched.validate()
 
 
@@ -71,10 +71,23 @@ def test_an_update_must_cover_exactly_what_ran_since_the_previous_one():
 
 
 def test_update_actions_read_and_write_as_text():
-    assert pl.Action.parse("1U3") == update(1, 3)
+    assert pl.Action.parse("1U3") == update(1, 3) and pl.Action.parse("1V3") == select(1, 3)
     sched = pl.schedule("pipedream", ranks=2, microbatches=4)
     again = pl.Schedule.from_csv(sched.to_csv())
     assert again.actions == sched.actions
+
+
+def test_2bw_versions_survive_the_text_and_csv_forms():
+    # The lag is written as V actions, not kept beside the schedule: a copy read back from
+    # its text reads the same version in every forward (on every stage, the newest would
+    # differ for some forwards: see the live rule test, whose schedule is such a copy).
+    sched = pl.schedule("pipedream-2bw", ranks=4, microbatches=16, per_update=4)
+    want = version_plan(sched).source
+    for again in (pl.Schedule.from_csv(sched.to_csv()), pl.Schedule.from_text(sched.to_text())):
+        assert version_plan(again.validate()).source == want
+    newest = pl.Schedule([[a for a in acts if a.kind != "V"] for acts in sched.actions],
+                         sched.placement, sched.microbatches)
+    assert version_plan(newest).source != want
 
 
 def test_bad_options_are_refused_before_any_process_starts():
@@ -99,8 +112,9 @@ def runs(clusters):
     def get(name: str):
         if name not in made:
             sched = {"pipedream": lambda: pl.schedule("pipedream", ranks=2, microbatches=6),
-                     "2bw": lambda: pl.schedule("pipedream-2bw", ranks=2, microbatches=8,
-                                                per_update=2),
+                     # through its CSV form: what it says must survive it (see above)
+                     "2bw": lambda: pl.Schedule.from_csv(pl.schedule(
+                         "pipedream-2bw", ranks=2, microbatches=8, per_update=2).to_csv()),
                      "1f1b": lambda: pl.schedule("1f1b", ranks=2, microbatches=6)}[name]()
             made[name] = cluster.run(sched, model=CFG, lr=LR, seed=3)
         return made[name]

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from ..schedules import Action
-from ..schedules.updates import UPDATE, check_updates, covered, has_updates, version_plan
+from ..schedules.updates import SELECT, UPDATE, check_updates, covered, has_updates, version_plan
 from .handlers import register_handler
 from .stage import layer_names
 
@@ -139,6 +139,13 @@ def check_versioned_run(schedule, steps: int) -> None:
 def apply_update(state, a: Action, inputs: dict) -> None:
     """`sU<mb>`: a plain SGD step of stage s on the gradient of the microbatches it covers."""
     state.versions.update(a)
+    return None
+
+
+@register_handler(SELECT)
+def select_version(state, a: Action, inputs: dict) -> None:
+    """`sV<mb>`: nothing to do at run time — the version plan already gives every forward after
+    it the version sU<mb> made; the action is there so the schedule says so."""
     return None
 
 

@@ -12,7 +12,9 @@ from time to weights:
   the same microbatch (no vertical sync): the gradient is exact for a mix of stale weights.
 - **PipeDream-2BW** (Narayanan et al., arXiv 2006.09503): gradients of m ≥ p microbatches are
   accumulated into one update; batch b runs with the version made after batch b − 2, on every
-  stage, so at most two versions are alive: W(t+1) = W(t) − ν·∇f(W(t−1)).
+  stage, so at most two versions are alive: W(t+1) = W(t) − ν·∇f(W(t−1)). The lag is written
+  in the schedule: a `V` before each batch's first forward switches the stage to that version
+  (updates.py), so the text and CSV forms keep it.
 
 `flushed(schedule, steps)` writes the synchronous comparison as the same kind of schedule: the
 one-step schedule repeated, with an update after each stage's last backward of each step.
@@ -23,7 +25,7 @@ from .actions import Action
 from .base import Schedule
 from .one_f_one_b import one_f_one_b
 from .registry import register
-from .updates import update
+from .updates import select, update
 
 
 def with_updates(schedule: Schedule, every: int, name: str) -> Schedule:
@@ -61,11 +63,22 @@ def pipedream_2bw(ranks: int, microbatches: int, per_update: int | None = None) 
     if microbatches % m:
         raise ValueError(f"microbatches ({microbatches}) must be a multiple of per_update ({m}): "
                          f"every batch of {m} microbatches ends with an update")
-    sched = with_updates(one_f_one_b(ranks, microbatches), every=m, name="pipedream-2bw")
-    sched.weight_source = {(stage, mb): update(stage, (mb // m - 1) * m - 1) if mb >= 2 * m else None
-                           for stage in range(ranks) for mb in range(microbatches)}
-    sched.per_update = m
-    return sched
+    return _lagged(with_updates(one_f_one_b(ranks, microbatches), every=m, name="pipedream-2bw"),
+                   m)
+
+
+def _lagged(schedule: Schedule, m: int) -> Schedule:
+    """`schedule` with `sV<(b−1)·m−1>` before the first forward of each batch b ≥ 2 on every
+    stage: the batch reads the version made by the update after batch b − 2."""
+    actions = []
+    for acts in schedule.actions:
+        out = []
+        for item in acts:
+            out += [select(stage, mb - m - 1) for stage, kind, mb in item.parts
+                    if kind == "F" and mb % m == 0 and mb >= 2 * m]
+            out.append(item)
+        actions.append(out)
+    return Schedule(actions, schedule.placement, schedule.microbatches, name=schedule.name)
 
 
 def flushed(schedule: Schedule, steps: int) -> Schedule:
@@ -88,9 +101,7 @@ def flushed(schedule: Schedule, steps: int) -> Schedule:
                 out.append(_shifted(item, k * m))
                 out += [update(s, k * m + m - 1) for s, j in sorted(last.items()) if j == i]
         actions.append(out)
-    sched = Schedule(actions, schedule.placement, m * steps, name=f"{schedule.name} × {steps} steps")
-    sched.per_update = m
-    return sched
+    return Schedule(actions, schedule.placement, m * steps, name=f"{schedule.name} × {steps} steps")
 
 
 def _shifted(item, offset: int):
@@ -99,8 +110,3 @@ def _shifted(item, offset: int):
         return parts[0]
     from .actions import Compound
     return Compound(parts)
-
-
-def per_update(schedule: Schedule) -> int:
-    """Microbatches per update batch (1 for PipeDream, m for 2BW and a flushed schedule)."""
-    return getattr(schedule, "per_update", 1)

@@ -5,13 +5,15 @@ end of a training step: there is no end. So the update is an action of its own, 
 like `1U7`: "stage 1 applies the gradient of its microbatches up to 7 and makes a new weight
 version". Each `U` covers the microbatches after the stage's previous update, up to its own.
 
-Which version a forward uses is part of the schedule too:
+Which version a forward uses is written in the schedule too, so that it survives the text and
+CSV forms (which hold nothing but actions):
 
 - by default, the newest one when the forward runs (PipeDream; a flushed 1F1B);
-- or an explicit map `schedule.weight_source[(stage, mb)] = the U that made it` (None: the
-  initial weights), for rules that lag on purpose (2BW: batch b reads the version of b − 2's
-  update). The forward then has an ordering edge to that update (kinds.py), so the validator
-  rejects a forward that would read a version not made yet.
+- on a stage that has `V` actions, the one its latest `V` selected: `1V3` reads "from here on,
+  stage 1's forwards use the version 1U3 made" (before its first `V`: the initial weights). A
+  rule that lags on purpose (2BW: batch b reads the version of b − 2's update) is written this
+  way. `V` has an ordering edge to the update it names, so the validator rejects a switch to a
+  version not made yet; the forwards after it run on the same rank, so they follow it.
 
 Its backward always uses the same version (weight stashing): that is what makes the gradient
 of each microbatch exact for *some* weights. `version_plan` is the one place that turns a
@@ -27,6 +29,7 @@ from .actions import NO_MICROBATCH, Action
 from .kinds import Input, _index, gradient_passes, register_kind
 
 UPDATE = "U"
+SELECT = "V"
 _new = tuple.__new__
 
 
@@ -68,9 +71,23 @@ register_kind(UPDATE, "optimizer update of the stage's weights (makes a new weig
               inputs=_update_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
 
 
+def _select_inputs(schedule, a: Action) -> list[Input]:
+    """An ordering edge to the update whose version it selects (local state, no message)."""
+    return [_new(Input, ("version", _new(Action, (a[0], UPDATE, a[2])), False))]
+
+
+register_kind(SELECT, "switch the stage's forwards to the weight version an update made",
+              inputs=_select_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
+
+
 def update(stage: int, microbatch: int) -> Action:
     """The action `<stage>U<microbatch>`."""
     return Action(stage, UPDATE, microbatch)
+
+
+def select(stage: int, made_by: int) -> Action:
+    """The action `<stage>V<mb>`: later forwards of `stage` use the version `<stage>U<mb>` made."""
+    return Action(stage, SELECT, made_by)
 
 
 def has_updates(schedule) -> bool:
@@ -106,23 +123,26 @@ class VersionPlan:
 
 
 def version_plan(schedule) -> VersionPlan:
-    """Resolve each forward's version (the explicit map, else the newest when it runs) and, for
-    each update, the versions no later action reads: freed right after it (each stage keeps its
-    newest version, the base of the next update)."""
-    explicit = getattr(schedule, "weight_source", None)
+    """Resolve each forward's version (on a stage with `V` actions, the latest one's; else the
+    newest when it runs) and, for each update, the versions no later action reads: freed right
+    after it (each stage keeps its newest version, the base of the next update)."""
+    selecting = {part[0] for acts in schedule.actions for item in acts for part in item.parts
+                 if part[1] == SELECT}
     source, last_use, position = {}, {}, {}
     for acts in schedule.actions:
         newest: dict[int, Action | None] = {}
+        chosen: dict[int, Action | None] = {}
         for i, item in enumerate(acts):
             for part in item.parts:
                 stage, kind, mb = part
                 position[part] = i
                 if kind == UPDATE:
                     newest[stage] = part
+                elif kind == SELECT:
+                    chosen[stage] = _new(Action, (stage, UPDATE, mb))
                 elif kind == "F":
-                    source[(stage, mb)] = explicit.get((stage, mb)) if explicit is not None \
-                        else newest.get(stage)
-                if kind != UPDATE and mb != NO_MICROBATCH:
+                    source[(stage, mb)] = (chosen if stage in selecting else newest).get(stage)
+                if kind not in (UPDATE, SELECT) and mb != NO_MICROBATCH:
                     last_use[(stage, mb)] = i
     users: dict = {}
     for (stage, mb), version in source.items():
