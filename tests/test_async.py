@@ -11,7 +11,7 @@ from pipelab.asynchrony import weight_bytes
 from pipelab.data import get_batch, split_microbatches
 from pipelab.memory import parameter_bytes
 from pipelab.model import loss_fn
-from pipelab.schedules.pipedream import flushed
+from pipelab.schedules.pipedream import flushed, with_updates
 from pipelab.schedules.updates import check_updates, select, update, version_plan
 
 CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=16)
@@ -99,6 +99,10 @@ def test_bad_options_are_refused_before_any_process_starts():
     sched = pl.schedule("pipedream", ranks=2, microbatches=4)
     with pytest.raises(ValueError, match="steps=3: .* use steps=1"):
         cluster.run(sched, model=CFG, steps=3)
+    # A split backward with updates ran, and was wrong (I writes LayerNorm gradients early).
+    split = with_updates(pl.schedule("zb-h1", ranks=2, microbatches=4), every=1, name="zb async")
+    with pytest.raises(ValueError, match=r"0I0: a split backward \(I/W\) cannot be combined"):
+        cluster.run(split, model=CFG, lr=LR)
     assert cluster.pids == []
 
 

@@ -164,10 +164,22 @@ def check_updates(schedule) -> None:
     """What the runtime's update rule assumes, checked before a run: on every stage, each
     microbatch's gradient pass lies between the update before its own and its own update (an
     update applies what was accumulated since the previous one), and every microbatch is
-    covered by an update (no gradient is silently dropped)."""
+    covered by an update (no gradient is silently dropped); and no backward is split into I
+    and W, because I already writes part of the weight gradient."""
     from .validate import ScheduleError
     schedule.reindex()            # the actions may have been edited since the last look
     updates = updates_by_stage(schedule)
+    split = [(rank, i, part) for rank, acts in enumerate(schedule.actions)
+             for i, item in enumerate(acts) for part in item.parts if part[1] == "I"]
+    if updates and split:
+        # Measured before this rule: zb-h1 with an update after each W, gradient errors of 1–10
+        # (an update applied the LayerNorm gradients of a microbatch it does not cover).
+        rank, i, part = split[0]
+        raise ScheduleError(
+            f"{part}: a split backward (I/W) cannot be combined with optimizer updates (U) in "
+            f"the schedule: I already writes the LayerNorm and embedding gradients, so an "
+            f"update after a later microbatch's I applies part of that microbatch's gradient; "
+            f"use full backwards (B)", schedule, [(rank, i)])
     passes = gradient_passes(schedule)
     for rank, acts in enumerate(schedule.actions):
         since: dict[int, list[int]] = {}
