@@ -18,6 +18,7 @@ import torch
 
 from .checks import positive_int
 from .model import ModelConfig, build_layer, layer_costs, loss_fn
+from .threads import one_thread
 
 METHODS = ("uniform", "params", "cost")
 _TOKEN = re.compile(r"(E|L|t)(?:\*(\d+))?")
@@ -316,9 +317,7 @@ def measure_layer_times(cfg: ModelConfig, batch_size: int = 8, repeats: int = 5,
         else:                                        # as in a pipeline: a gradient arrives
             out.backward(grad)
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with one_thread():
         times = []
         for i in range(len(layers)):
             for _ in range(warmup):
@@ -330,5 +329,3 @@ def measure_layer_times(cfg: ModelConfig, batch_size: int = 8, repeats: int = 5,
                 samples.append(time.thread_time() - t0)
             times.append(statistics.median(samples))
         return times
-    finally:
-        torch.set_num_threads(threads)
