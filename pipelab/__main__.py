@@ -47,6 +47,10 @@ def _parser():
     add("--data-parallel", type=int, default=1, metavar="D",
         help="replicas of the pipeline, each on its share of the batch, gradients all-reduced "
              "per stage after its last backward: P x D worker processes (default: 1)")
+    add("--recompute", default="none", metavar="POLICY",
+        help="activation recomputation: none, full, selective, every-k or every-k:K (keep "
+             "every K-th block input), or one per stage separated by commas, e.g. "
+             "'full,none'; R actions run before each backward that needs one (default: none)")
     add("--microbatches", type=int, default=8, metavar="M",
         help="microbatches per training step (default: 8)")
     add("--chunks", type=int, default=None, metavar="V",
@@ -92,11 +96,29 @@ def _build(args, ranks: int):
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                          seq_len=args.seq_len, seed=args.model_seed)
-    spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg,
-                       partition=args.partition, seed=args.seed, batch_size=args.batch_size,
-                       steps=args.steps, lr=args.lr, check=not args.no_check,
-                       data_parallel=args.data_parallel)
+    spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg, **_run_options(args))
     return sched, cfg, spec
+
+
+def _run_options(args) -> dict:
+    """The keyword arguments that `prepare_run` and `cluster.run` share."""
+    return dict(partition=args.partition, seed=args.seed, batch_size=args.batch_size,
+                steps=args.steps, lr=args.lr, check=not args.no_check,
+                data_parallel=args.data_parallel, recompute=_recompute(args.recompute))
+
+
+def _recompute(text: str):
+    """--recompute's text as `recompute=`: 'every-k:2' -> {'policy': 'every-k', 'k': 2}; a comma
+    list -> one per stage. The policies themselves are checked by prepare_run."""
+    def one(item: str):
+        name, colon, k = item.strip().partition(":")
+        if not colon:
+            return name
+        if not k.isdigit():
+            raise ValueError(f"--recompute {text!r}: K in 'every-k:K' must be a whole number, got {k!r}")
+        return {"policy": name, "k": int(k)}
+    items = [one(item) for item in text.split(",")]
+    return items if len(items) > 1 else items[0]
 
 
 def _report(result, args) -> None:
@@ -117,9 +139,7 @@ def _local(args, fail) -> int:
     with LocalCluster(ranks * args.data_parallel, timeout=args.timeout,
                       pin=not args.no_pin) as cluster:
         try:
-            result = cluster.run(sched, model=cfg, partition=args.partition, seed=args.seed,
-                                 batch_size=args.batch_size, steps=args.steps, lr=args.lr,
-                                 check=not args.no_check, data_parallel=args.data_parallel)
+            result = cluster.run(sched, model=cfg, **_run_options(args))
         except (PipelineTimeout, WorkerError) as err:
             print(f"python -m pipelab run: the run failed: {err}", file=sys.stderr)
             return 1

@@ -36,8 +36,8 @@ from .runtime.handlers import register_handler
 from .schedules.actions import Action
 from .schedules.base import Schedule
 from .schedules.kinds import SAVED, Input, register_kind
+from .recompute_placement import RECOMPUTE, with_recompute  # noqa: F401  (re-exported)
 
-RECOMPUTE = "R"
 
 
 @dataclass(frozen=True)
@@ -93,29 +93,6 @@ def policies(recompute, cfg: ModelConfig, bounds: list[tuple[int, int]]) -> tupl
             p = Policy("every-k", default_k(blocks))
         out.append(p)
     return tuple(out)
-
-
-def with_recompute(schedule: Schedule, stages=None) -> Schedule:
-    """The schedule with `sRm` inserted right before the backward (B, or I) of every stage `s`
-    in `stages` (default: all) and microbatch `m`. A pure function; `schedule` is unchanged."""
-    chosen = set(range(schedule.stages) if stages is None else stages)
-    if RECOMPUTE in schedule.kinds():
-        raise ValueError(f"schedule {schedule.name!r} already has recomputations (R)")
-    actions = []
-    for acts in schedule.actions:
-        out = []
-        for item in acts:
-            for part in item.parts:
-                if part.kind in ("B", "I") and part.stage in chosen:
-                    out.append(Action(part.stage, RECOMPUTE, part.microbatch))
-            out.append(item)
-        actions.append(out)
-    result = Schedule(actions, schedule.placement, schedule.microbatches,
-                      name=f"{schedule.name} + recompute")
-    for attr in ("data_parallel",):          # what other transforms remember
-        if hasattr(schedule, attr):
-            setattr(result, attr, getattr(schedule, attr))
-    return result
 
 
 def prepare(schedule: Schedule, recompute, cfg: ModelConfig,

@@ -79,6 +79,50 @@ def test_R_earlier_in_a_bubble_is_valid_and_after_its_backward_is_refused():
         pl.Schedule([late, sched.actions[1]], sched.placement, 4).validate()
 
 
+def _between(acts, r):
+    """The rank's actions after `r` and before r's own backward."""
+    i = acts.index(r)
+    j = next(j for j in range(i + 1, len(acts)) if any(
+        p.kind in ("B", "I") and (p.stage, p.microbatch) == (r.stage, r.microbatch)
+        for p in acts[j].parts))
+    return acts[i + 1:j]
+
+
+SLOW_FIRST = pl.Costs(F=[2, 1], I=[2, 1], W=[2, 1])      # rank 1 waits for each activation
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
+def test_early_placement_fills_idle_time_and_keeps_its_bound(name):
+    sched = pl.schedule(name, ranks=2, microbatches=4)
+    costs = pl.Costs(F=[2, 1] * sched.chunks, I=[2, 1] * sched.chunks, W=[2, 1] * sched.chunks)
+    late = pl.with_recompute(sched)
+    early = pl.with_recompute(sched, placement="early", costs=costs)
+    early.validate()
+    assert sorted(map(sorted, early.actions)) == sorted(map(sorted, late.actions))
+    assert pl.simulate(early, costs).makespan <= pl.simulate(late, costs).makespan
+    for acts in early.actions:                  # never two recomputed microbatches on a rank
+        for r in (a for a in acts if a.kind == "R"):
+            assert not any(p.kind in ("B", "I") for a in _between(acts, r) for p in a.parts), r
+
+
+def test_early_placement_gains_where_a_rank_waits_for_activations(clusters):
+    late = pl.with_recompute(pl.schedule("gpipe", ranks=2, microbatches=4))
+    early = pl.with_recompute(pl.schedule("gpipe", ranks=2, microbatches=4), placement="early",
+                              costs=SLOW_FIRST)
+    assert _between(early.actions[1], pl.Action(1, "R", 0))[0] == pl.Action(1, "F", 1)
+    assert pl.simulate(early, SLOW_FIRST).makespan == pl.simulate(late, SLOW_FIRST).makespan - 1
+    bounds = pl.partition(CFG, 2).bounds
+    policies = pl.recompute.policies("full", CFG, bounds)
+    simulated = [memory.peak_bytes(pl.simulate(s, SLOW_FIRST), CFG, bounds, 2, policies)
+                 for s in (late, early)]
+    assert simulated[0] == simulated[1]         # the same peak, R hidden in the wait
+    res = clusters(2).run(early, model=CFG, recompute="full")
+    assert res.schedule.actions == early.actions and res.max_grad_error <= 1e-5
+    assert res.peak_activations == memory.peak_bytes(res.timeline, CFG, bounds, 2, policies)
+    with pytest.raises(ValueError, match="placement must be one of"):
+        pl.with_recompute(late, placement="soon")
+
+
 def test_the_simulator_costs_R_as_a_forward_unless_told():
     plain = pl.schedule("1f1b", ranks=2, microbatches=4)
     costs = pl.Costs.from_backward(F=1, B=2)
@@ -93,12 +137,18 @@ def test_the_simulator_costs_R_as_a_forward_unless_told():
         assert at[pl.Action(0, "R", 0)].end <= at[pl.Action(1, "B", 0)].end
 
 
-def test_policy_per_stage(clusters):
-    res = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=2), model=CFG,
-                          recompute=["full", "none"])
-    assert res.spec.recompute == (Policy("full"), Policy("none"))
-    assert {a.stage for acts in res.schedule.actions for a in acts if a.kind == "R"} == {0}
-    assert res.max_grad_error <= 1e-5
+@pytest.mark.parametrize("schedule, recompute", [
+    ("1f1b", ["full", "none"]),
+    ("zb-h1", ["selective", {"policy": "every-k", "k": 2}]),
+])
+def test_policy_per_stage(clusters, runs, schedule, recompute):
+    res = clusters(2).run(pl.schedule(schedule, ranks=2, microbatches=4), model=CFG,
+                          recompute=recompute)
+    wanted = [s for s, p in enumerate(res.spec.recompute) if p.name != "none"]
+    assert [p.name for p in res.spec.recompute] == [
+        p if isinstance(p, str) else p["policy"] for p in recompute]
+    assert sorted({a.stage for acts in res.schedule.actions for a in acts if a.kind == "R"}) == wanted
+    assert res.grad_errors == runs[(schedule, "none")].grad_errors      # bit for bit
     model = memory.peak_bytes(res.timeline, CFG, res.spec.bounds, 2, res.spec.recompute)
     assert res.peak_activations == model
 
@@ -122,24 +172,56 @@ def test_sequential_checkpointing_is_exact_and_full_is_lowest(policy):
 
 
 def test_R_with_split_backward_restores_what_I_and_W_need():
-    """In process: F under `full` keeps the block inputs; R restores exactly `none`'s bytes;
-    I leaves W the same store as without recomputation."""
+    """In process: F under `full` keeps the block inputs; R restores exactly `none`'s bytes by
+    running each block's forward once more; I runs no forward (R filled every slot) and leaves
+    W the same store as without recomputation; W runs no forward either."""
     cfg = pl.ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=16)
     n, (x, y) = cfg.total_layers, pl.get_batch(2, cfg.seq_len, seed=1)
     layers = pl.build_layers(cfg, 0, n)
+    calls = []
+    for layer in layers:
+        if isinstance(layer, pl.model.Block):
+            layer.register_forward_pre_hook(lambda module, args: calls.append(module))
     meter = ActivationMeter(layers.parameters())
     rc = Recomputer({0: Policy("full")}, meter)
     with meter.saving():
         loss = pl.loss_fn(rc.forward(layers, x, 0, 0), y)
     assert meter.live == memory.activation_bytes(cfg, 0, n, 2, "full")
+    assert len(calls) == cfg.n_layers
     assert rc.recompute(0, 0) == cfg.n_layers            # one region per block
+    assert len(calls) == 2 * cfg.n_layers                # each block's forward once more
     assert meter.live == memory.activation_bytes(cfg, 0, n, 2)
     with pytest.raises(RuntimeError, match="0R0: nothing to recompute"):
         rc.recompute(0, 0)
     store = WeightGradStore(meter)
     with store.deferring(0, 0):
-        loss.backward()
+        loss.backward()                                  # I
     assert meter.live == store.nbytes() == memory.weight_grad_bytes(cfg, 0, n, 2)
+    store.flush(0, 0)                                    # W
+    assert len(calls) == 2 * cfg.n_layers and meter.live == 0
+
+
+def test_the_meter_sees_what_a_recomputation_materialises():
+    """The issue's example: torch's checkpoint(use_reentrant=False) recomputes inside backward,
+    where a meter that counts only during forward sees nothing of it (the block input only).
+    A region recomputed lazily (no R: the backward reaches an empty slot) is counted: the
+    backward's peak is the whole block, as the byte model says."""
+    from torch.utils.checkpoint import checkpoint
+    cfg = pl.ModelConfig(n_layers=1, d_model=32, n_heads=4, seq_len=32)
+    block = pl.build_layers(cfg, 1, 2)
+    x = torch.randn(2, cfg.seq_len, cfg.d_model, requires_grad=True)
+    peaks = {}
+    for how in ("torch", "pipelab"):
+        meter = ActivationMeter(block.parameters())
+        with meter.saving():
+            out = (checkpoint(block, x, use_reentrant=False) if how == "torch"
+                   else Recomputer({0: Policy("full")}, meter).forward(block, x, 0, 0))
+        assert meter.live == memory.activation_bytes(cfg, 1, 2, 2, "full")
+        meter.reset_peak()
+        out.sum().backward()
+        peaks[how] = meter.peak
+    assert peaks["torch"] == memory.activation_bytes(cfg, 1, 2, 2, "full")       # blind
+    assert peaks["pipelab"] == memory.activation_bytes(cfg, 1, 2, 2)             # honest
 
 
 @pytest.mark.parametrize("recompute, match", [

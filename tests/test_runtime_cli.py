@@ -13,7 +13,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = ["--layers", "2", "--d-model", "16", "--heads", "2", "--seq-len", "8"]
 OPTIONS = ["--schedule", "--ranks", "--microbatches", "--chunks", "--layers", "--d-model",
            "--heads", "--seq-len", "--batch-size", "--partition", "--steps", "--lr", "--seed",
-           "--model-seed", "--timeout", "--trace", "--no-pin", "--no-check"]
+           "--model-seed", "--timeout", "--trace", "--no-pin", "--no-check", "--recompute"]
 
 
 def pipelab(*args: str, torchrun: bool = False, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -56,12 +56,28 @@ def test_tiny_local_run_prints_the_table_and_writes_a_trace(tmp_path):
     (["--timeout", "-1"], "timeout"),
     (["--microbatches", "many"], "invalid int value"),
     (["--trace", "/no/such/folder/run.json"], "does not exist or is not writable"),
+    (["--recompute", "sometimes"], "recompute policy must be one of"),
+    (["--recompute", "every-k:two"], "must be a whole number"),
 ])
 def test_bad_input_is_a_clear_message_and_exit_code_2(args, message):
     out = pipelab(*args, *TINY)
     assert out.returncode == 2, out.stdout + out.stderr
     assert message in out.stderr
     assert "Traceback" not in out.stderr
+
+
+def test_recompute_reaches_the_run():
+    """--recompute's text becomes the run's per-stage policies (the same options reach
+    prepare_run and cluster.run)."""
+    from pipelab.__main__ import _build, _parser
+    from pipelab.recompute import Policy
+    parser, _run = _parser()
+    for text, policies in [("every-k:2,none", (Policy("every-k", 2), Policy("none"))),
+                           ("selective", (Policy("selective"),) * 2)]:
+        args = parser.parse_args(["run", "--recompute", text, *TINY])
+        _sched, _cfg, spec = _build(args, 2)
+        assert spec.recompute == policies
+        assert "R" in spec.schedule.kinds()
 
 
 def test_the_same_module_runs_under_torchrun():
