@@ -91,6 +91,17 @@ def simulate_bytes(schedule, cfg: ModelConfig, bounds, rows: int, recompute=None
     return tl
 
 
+def r_cost_shares(cfg: ModelConfig, bounds, rows: int, recompute) -> list[float]:
+    """Per stage, the FLOPs its R repeats over its forward's FLOPs: an R's cost in units of the
+    stage's F (the simulator's default charges a whole F, right for `full` only on a stage of
+    blocks, far too much for `selective`)."""
+    from .model import layer_costs
+    from .recompute import policies, recompute_flops
+    layers = layer_costs(cfg, rows)
+    return [recompute_flops(cfg, a, b, rows, p.name) / sum(r["flops"] for r in layers[a:b])
+            for (a, b), p in zip(bounds, policies(recompute, cfg, bounds))]
+
+
 def policy_table(runs: dict, cfg: ModelConfig) -> list[dict]:
     """One row per policy from {policy label: RunResult}: measured and modelled peak bytes per
     rank, the replayed step time (measured CPU time per action, on dedicated cores), its
