@@ -103,8 +103,8 @@ def prepare(schedule: Schedule, recompute, cfg: ModelConfig,
     its own; a schedule with R on a stage that keeps everything is refused."""
     chosen = policies(recompute, cfg, bounds)
     active = [s for s, p in enumerate(chosen) if p.name != "none"]
-    placed = {part.stage for acts in schedule.actions for item in acts for part in item.parts
-              if part.kind == RECOMPUTE}
+    parts = [part for acts in schedule.actions for item in acts for part in item.parts]
+    placed = {part.stage for part in parts if part.kind == RECOMPUTE}
     if placed - set(active):
         raise ValueError(f"schedule has recomputations (R) of stage(s) {sorted(placed - set(active))}, "
                          f"whose recompute policy is 'none': nothing would be dropped to "
@@ -116,6 +116,14 @@ def prepare(schedule: Schedule, recompute, cfg: ModelConfig,
     elif placed != set(active):
         raise ValueError(f"recompute: stage(s) {sorted(set(active) - placed)} drop activations, "
                          f"but the schedule recomputes only stage(s) {sorted(placed)}")
+    else:          # a backward without its R would recompute inside itself, off the timeline
+        redone = {(p.stage, p.microbatch) for p in parts if p.kind == RECOMPUTE}
+        missing = sorted({(p.stage, p.microbatch) for p in parts
+                          if p.kind in ("B", "I") and p.stage in placed} - redone)
+        if missing:
+            raise ValueError(f"recompute: the schedule's backwards of (stage, microbatch) "
+                             f"{missing} have no R before them; every backward of a recomputing "
+                             f"stage needs its own R (or leave R out: cluster.run adds them)")
     schedule.validate()
     return schedule, chosen
 

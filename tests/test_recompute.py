@@ -240,11 +240,15 @@ def test_bad_recompute_is_refused_before_any_process_starts(recompute, match):
     assert cluster.pids == []
 
 
-def test_R_on_a_stage_that_keeps_everything_is_refused():
+def test_R_placements_that_cannot_work_are_refused():
     sched = pl.with_recompute(pl.schedule("1f1b", ranks=2, microbatches=2))
     cluster = pl.LocalCluster(2, start=False)
     with pytest.raises(ValueError, match="recompute policy is 'none'"):
         cluster.run(sched, model=CFG)
+    rank0 = [a for a in sched.actions[0] if a != pl.Action(0, "R", 1)]
+    with pytest.raises(ValueError, match=r"\(stage, microbatch\) \[\(0, 1\)\] have no R"):
+        cluster.run(pl.Schedule([rank0, sched.actions[1]], sched.placement, 2), model=CFG,
+                    recompute="full")
     with pytest.raises(ValueError, match=r"stage\(s\) \[1\] drop activations"):
         cluster.run(pl.with_recompute(pl.schedule("1f1b", ranks=2, microbatches=2), [0]),
                     model=CFG, recompute="full")
