@@ -18,11 +18,13 @@ SCHED = pl.schedule("1f1b", ranks=2, microbatches=2)
 
 
 def fast(call, seconds: float = 2.0):
-    """Run `call`, which must raise ValueError quickly; return the message."""
-    began = time.perf_counter()
+    """Run `call`, which must raise ValueError quickly; return the message. Quickly in CPU
+    time: the work a late refusal does is ours, while the wall clock also holds the time other
+    processes took from us on a loaded machine."""
+    began = time.process_time()
     with pytest.raises(ValueError) as err:
         call()
-    assert time.perf_counter() - began < seconds, "refused, but only after doing the work"
+    assert time.process_time() - began < seconds, "refused, but only after doing the work"
     message = str(err.value)
     assert len(message) < 600, f"message of {len(message)} characters"
     return message
@@ -75,9 +77,9 @@ def test_validation_is_linear_in_ranks() -> None:
     """stages_of per rank made validating a wide pipeline quadratic."""
     wide = pl.schedule("gpipe", ranks=8000, microbatches=1)
     wide._checked = None
-    began = time.perf_counter()
+    began = time.process_time()                  # CPU time: the machine's load cannot add to it
     wide.validate()
-    assert time.perf_counter() - began < 5.0      # ~0.2 s here; minutes when quadratic
+    assert time.process_time() - began < 5.0      # ~0.2 s here; minutes when quadratic
 
 
 def test_error_grid_of_a_wide_schedule_is_omitted() -> None:

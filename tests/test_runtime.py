@@ -136,6 +136,21 @@ def test_timeline_is_measured_and_replayed(clusters):
     assert set(res.recv_wait) == {0, 1}
 
 
+def test_a_preempted_sender_still_ends_before_its_receiver_starts(clusters):
+    # Rank 0 pauses 0.1 s right after posting 0F0's send (as a process descheduled at load
+    # does): rank 1 receives and starts 1F0 meanwhile. The measured span of 0F0 is its
+    # compute, so it ends before the pause, and every consumer starts after its producers end.
+    sched = pl.schedule("1f1b", ranks=2, microbatches=2)
+    res = clusters(2).run(sched, model=CFG, _inject={"lag": "0F0"})
+    ev = {e.action: e for e in res.timeline.events}
+    for e in res.timeline.events:
+        for dep in sched.dependencies(e.action):
+            assert e.start >= ev[dep].end, (dep, e.action)
+    # The pause lies outside 0F0's span: rank 0's next action starts after it.
+    after = res.timeline.events_of(0)[1]
+    assert after.start - ev[pl.Action.parse("0F0")].end >= 0.1
+
+
 def _units(res: pl.RunResult, rank: int) -> float:
     """Peak live bytes over the bytes one microbatch leaves alive after one forward."""
     curve = res.memory[rank]

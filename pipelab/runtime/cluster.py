@@ -127,7 +127,8 @@ class LocalCluster:
         recompute: activation recomputation, "none" (default), "full", "selective" or
             "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
             actions are added before each backward that needs one (recompute.py).
-        _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"} or {"drop": "0F1"}.
+        _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
+            {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,

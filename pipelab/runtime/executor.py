@@ -4,8 +4,10 @@ The executor knows nothing about particular schedules or action kinds. For each 
 communication plan (derived from the schedule's dataflow graph, never written by hand) it
 receives what the step waits for, hands each action its inputs (from messages, or from a stage
 on this rank), runs the action's handler, and posts the sends. It records, per step, the
-wall-clock span (receive wait excluded, kept separately), thread CPU time and live activation
-bytes after it. The same function runs in a LocalCluster worker and under torchrun.
+wall-clock span of its compute (receive wait excluded, kept separately; the span ends before
+the sends are posted, whose posting is kept separately too), thread CPU time (sends included)
+and live activation bytes after it. The same function runs in a LocalCluster worker and under
+torchrun.
 """
 from __future__ import annotations
 
@@ -165,12 +167,12 @@ def _shape(spec: RunSpec, producer) -> tuple:
 
 
 def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, board) -> dict:
-    stall, fail, drop = (spec.inject.get(key) for key in ("stall", "raise", "drop"))
+    stall, fail, drop, lag = (spec.inject.get(key) for key in ("stall", "raise", "drop", "lag"))
     if spec.inject_replica is not None and spec.mesh.coords(rank)[1] != spec.inject_replica:
-        stall = fail = drop = None
+        stall = fail = drop = lag = None
     reductions = state.in_flight
     clock, cpu_clock = time.perf_counter, time.thread_time
-    actions, recvs, pending, peaks = [], [], [], []
+    actions, recvs, sends, pending, peaks = [], [], [], [], []
     meter = state.meter
     begin = clock()
     memory = [(begin, state.meter.live)]
@@ -198,6 +200,10 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
                       for name, (where, key) in sources}
             out = run(state, part, inputs)
+            # The compute ends here, before any send is posted: a posted send can reach a
+            # waiting receiver at once, and a clock read after posting could fall after the
+            # receiver's start (a preempted sender), putting a consumer "before" its producer.
+            end = clock()
             if out is None:
                 continue
             readers = step.keep.get(part)
@@ -208,7 +214,10 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
                     if transfer.producer == part:
                         p2p.send(transfer, out, pending)
                         state.meter.hold_send(out.numel() * out.element_size())
-        end, cpu = clock(), cpu_clock() - cpu0
+                        sends.append((part, item, transfer.dst, end, clock()))
+        if item == lag:                # test hook: the sender preempted once its sends are out
+            time.sleep(0.1)
+        cpu = cpu_clock() - cpu0       # posting the sends is this action's work: the replay pays it
         actions.append((i, item, waited_from, start, end, cpu, meter.live))
         peaks.append(meter.peak)
         memory.append((end, state.meter.live))
@@ -222,7 +231,8 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         red.finish()
         _finished(red, actions, clock)
     reductions.clear()
-    return {"begin": begin, "actions": actions, "recvs": recvs, "memory": memory,
+    return {"begin": begin, "actions": actions, "recvs": recvs, "sends": sends,
+            "memory": memory,
             "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
             "action_peaks": peaks,
             "send_peak": state.meter.sending_peak}

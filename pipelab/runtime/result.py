@@ -213,6 +213,9 @@ def _latency(reports: list[dict], k: int) -> float:
     """Median time from a producer's end to the arrival at a receiver that was already waiting."""
     ended = {part: end for rep in reports for _i, item, _w, _s, end, _c, _m in rep["steps"][k]["actions"]
              for part in item.parts}
+    # A part of a compound action may send before the action ends: its own compute end counts.
+    ended.update({part: done for rep in reports
+                  for part, _item, _dst, done, _posted in rep["steps"][k].get("sends", ())})
     waited, all_ = [], []
     for rep in reports:
         for producer, _consumer, _src, t_wait, t_arrive in rep["steps"][k]["recvs"]:

@@ -17,7 +17,7 @@ from ..schedules.kinds import KIND_SPECS
 from .plugins import plugins_for
 
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
-INJECTIONS = ("stall", "raise", "drop")
+INJECTIONS = ("stall", "raise", "drop", "lag")
 
 
 @dataclass
