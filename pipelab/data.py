@@ -70,13 +70,18 @@ def corpus_tokens(split: str = "train", path: str | Path | None = None) -> torch
     return _tokens(None if path is None else str(path), split)
 
 
-#: Multipliers of the context hash (odd, so the mixing keeps every bit): see context_tokens.
-_CONTEXT_MIX = (1_000_003, 7_919)
+#: The context hash: the CONTEXT characters before a position, read as digits of a polynomial
+#: in _CONTEXT_BASE modulo the prime _CONTEXT_PRIME (no int64 overflow), then modulo the number
+#: of variants. Six characters: the corpus has ~24k distinct (6 before, 1) strings, enough that
+#: a 32k vocabulary is about half used (data/vocab_stats.py prints the table); two would cap
+#: it at ~1.2k ids whatever V is.
+CONTEXT = 6
+_CONTEXT_BASE, _CONTEXT_PRIME = 1_000_003, 2_147_483_647
 
 
 def context_tokens(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """A synthetic large vocabulary over the character stream: the token of position j is its
-    character c_j plus VOCAB_SIZE × (a hash of the two characters before it, modulo
+    character c_j plus VOCAB_SIZE × (a hash of the CONTEXT characters before it, modulo
     vocab_size // VOCAB_SIZE). Each character splits into that many context variants, like
     a sub-word vocabulary whose pieces depend on what precedes them, so ids spread over
     [0, vocab_size) and a model must predict among all of them. Deterministic, nothing
@@ -85,10 +90,12 @@ def context_tokens(ids: torch.Tensor, vocab_size: int) -> torch.Tensor:
     if vocab_size < VOCAB_SIZE:
         raise ValueError(f"vocab_size ({vocab_size}) must be at least the alphabet's {VOCAB_SIZE}")
     variants = vocab_size // VOCAB_SIZE
-    prev1 = torch.cat([ids.new_zeros(1), ids[:-1]])
-    prev2 = torch.cat([ids.new_zeros(2), ids[:-2]])[:len(ids)]
-    context = (prev1 * _CONTEXT_MIX[0] + prev2 * _CONTEXT_MIX[1]) % variants
-    return ids + VOCAB_SIZE * context
+    ids = ids.to(torch.int64)
+    digest = torch.zeros_like(ids)
+    for back in range(1, CONTEXT + 1):          # c_{j-1} first; positions before 0 read as 0
+        before = torch.cat([ids.new_zeros(back), ids[:-back]])[:len(ids)]
+        digest = (digest * _CONTEXT_BASE + before + 1) % _CONTEXT_PRIME
+    return ids + VOCAB_SIZE * (digest % variants)
 
 
 @functools.lru_cache(maxsize=8)

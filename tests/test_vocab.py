@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 
 import pipelab as pl
+from pipelab.data import context_tokens, corpus_tokens
 from pipelab.parallel.vocab import parameter_bytes, shard_rows, sharded_cross_entropy
 
 
@@ -109,3 +110,28 @@ def test_context_tokens_spread_over_the_vocabulary():
     assert big.max() < 32_768 and len(big.unique()) > 4 * len(x.unique())
     small, _ = pl.get_batch(8, 32, seed=0, vocab_size=64)      # one variant: the characters
     assert torch.equal(small, x)
+    # The whole text uses a large share of a 32k vocabulary (data/README.md's table: 13,324),
+    # in every eighth of it; two characters of context would cap it near 1.2k ids.
+    used = context_tokens(corpus_tokens("train"), 32_768).unique()
+    assert 12_000 < len(used) < 32_768
+    assert len((used * 8 // 32_768).unique()) == 8
+
+
+@pytest.mark.parametrize("name,barriers", [("vocab-1", ("Ct", "Cs")), ("vocab-2", ("C",))])
+def test_each_output_step_is_t_then_s_then_its_barriers(name, barriers):
+    """The paper's lm-head step on every rank: T(i−1) right before S(i), then Vocab-1's two
+    barriers (C1 of i−1 issued with C0 of i) or Vocab-2's one; one embedding pass of each
+    kind per microbatch, on every rank."""
+    p, m = 4, 10
+    s = pl.schedule(name, ranks=p, microbatches=m)
+    for r, acts in enumerate(s.actions):
+        seq = [(a.kind, a.microbatch) for a in acts]
+        for i in range(m):
+            at = seq.index(("S", i))
+            step = [("T", i - 1)] * (i > 0) + [("S", i)]
+            after = [(k, i - 1 if k == "Ct" else i) for k in barriers if i > 0 or k != "Ct"]
+            assert seq[at - len(step) + 1:at + 1 + len(after)] == step + after, (r, i)
+        kinds = [k for k, _ in seq]
+        assert {k: kinds.count(k) for k in ("S", "T", "Vf", "Vb", "Cs", "Ct", "C")} == {
+            "S": m, "T": m, "Vf": m, "Vb": m, "Cs": m * (name == "vocab-1"),
+            "Ct": m * (name == "vocab-1"), "C": m * (name == "vocab-2")}

@@ -2,7 +2,7 @@
 
 Setup: every rank takes its shard of the token embedding and of the output projection (rows
 `shard_rows(V, p, rank)` of the unsplit model's weights, as parameters the optimizer updates);
-rank 0's embedding keeps only the position table (the word vectors come from `Ef`), and the
+rank 0's embedding keeps only the position table (the word vectors come from `Vf`), and the
 last stage's head keeps only its LayerNorm (its output X goes to every rank's `S`).
 
 The barriers are blocking all-reduces here (the simulator puts them on a side lane, as the
@@ -153,7 +153,7 @@ def barrier_c1(state, a: Action, inputs: dict) -> torch.Tensor:
     return dx.reshape(state.microbatches[a.microbatch][0].shape + (dx.shape[1],))
 
 
-@register_handler("Ef")
+@register_handler("Vf")
 def embedding_forward(state, a: Action, inputs: dict) -> torch.Tensor:
     first, tok, _ = state.stages.vocab_shard
     group, _ = _group(state, a)
@@ -165,18 +165,18 @@ def embedding_forward(state, a: Action, inputs: dict) -> torch.Tensor:
         words[in_shard] = tok[local[in_shard]]
         dist.all_reduce(words, group=group)
     if state.schedule.rank_of(0) == dist.get_rank():
-        state.scratch[("Ef", a.microbatch)] = words      # F makes it a leaf; B fills its grad
+        state.scratch[("Vf", a.microbatch)] = words      # F makes it a leaf; B fills its grad
     return words
 
 
-@register_handler("Eb")
+@register_handler("Vb")
 def embedding_backward(state, a: Action, inputs: dict) -> None:
     first, tok, _ = state.stages.vocab_shard
     group, members = _group(state, a)
     ids = state.microbatches[a.microbatch][0]
     owner = state.schedule.rank_of(0)
     if owner == dist.get_rank():
-        grad = state.scratch.pop(("Ef", a.microbatch)).grad.contiguous()
+        grad = state.scratch.pop(("Vf", a.microbatch)).grad.contiguous()
     else:
         grad = torch.empty(ids.shape + (tok.shape[1],))
     dist.broadcast(grad, src=owner, group=group)

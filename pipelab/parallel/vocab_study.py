@@ -29,7 +29,7 @@ from ..plots import KIND_COLOURS
 METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
 # Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
 VOCAB_COLOURS = {"S": "#8C564B", "T": "#E377C2", "C": "#7F7F7F", "Cs": "#7F7F7F",
-                 "Ct": "#595959", "Ef": "#17BECF", "Eb": "#BCBD22"}
+                 "Ct": "#595959", "Vf": "#17BECF", "Vb": "#BCBD22"}
 for _kind, _colour in VOCAB_COLOURS.items():
     KIND_COLOURS.setdefault(_kind, _colour)
 SCHEDULE_OF = {"baseline": "1f1b", "redistribution": "1f1b", "vocab-1": "vocab-1",
@@ -134,7 +134,7 @@ def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
         return total
     totals = [stage_time(a, b) for a, b in bounds]
     kinds = {"S": profile.S / ranks, "T": profile.T / ranks, "Cs": barrier, "Ct": barrier,
-             "C": barrier, "Ef": barrier, "Eb": barrier} if sharded else None
+             "C": barrier, "Vf": barrier, "Vb": barrier} if sharded else None
     costs = Costs(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
                   W=[t / 3 for t in totals], kinds=kinds, unit="s")
     sched = make_schedule(SCHEDULE_OF[method], ranks=ranks, microbatches=microbatches)

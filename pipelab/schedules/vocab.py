@@ -9,8 +9,8 @@ vocabulary into one shard per pipeline rank. Every rank runs its shard as small 
     Cs  barrier C0 after S      all-reduce MAX and SUM: the global max and sum of exponentials
     Ct  barrier C1 after T      all-reduce SUM of the dX_r: the last stage's output gradient
     C   Vocab-2's one barrier   C0 with the input gradient fused in (so T needs no C1)
-    Ef  embedding forward       each rank looks up its in-shard ids, all-reduce SUM
-    Eb  embedding backward      rank 0's input gradient broadcast, scatter-added per shard
+    Vf  embedding forward       each rank looks up its in-shard ids, all-reduce SUM
+    Vb  embedding backward      rank 0's input gradient broadcast, scatter-added per shard
 
 The barriers and the embedding collectives run on every rank together, beside the compute (the
 paper's side stream): a collective of all ranks on their communication lane. S and T are stage
@@ -21,7 +21,7 @@ Placement, as in the authors' code: 1F1B with one more warm-up forward per barri
 rank must hide (Vocab-1: two, so rank r holds p+2−r microbatches; Vocab-2: one, p+1−r). The
 output-layer step of microbatch i is `T(i−1) S(i)` then its barrier(s); on every rank it goes
 at the first action boundary after X_i exists, read off a unit-cost timing (F=1, B=2, the
-constants the authors' scripts use); Ef(i) goes just before rank 0 needs it, Eb(i) just after
+constants the authors' scripts use); Vf(i) goes just before rank 0 needs it, Vb(i) just after
 rank 0's backward of i.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from .base import Schedule
 from .kinds import ACTIVATION, EMBEDDED, OUTPUT_GRADIENT, Input, register_kind
 from .registry import register
 
-VOCAB_KINDS = frozenset({"S", "T", "Cs", "Ct", "C", "Ef", "Eb"})
+VOCAB_KINDS = frozenset({"S", "T", "Cs", "Ct", "C", "Vf", "Vb"})
 _new = tuple.__new__
 
 
@@ -93,9 +93,9 @@ register_kind("Ct", "vocabulary barrier C1: all-reduce of the output-layer input
 register_kind("C", "vocabulary barrier: max, sum of exponentials and input gradient (fused)",
               inputs=_after_every("S"), members=_all_ranks, lane="comm", cost=_free,
               output=OUTPUT_GRADIENT, module="pipelab")
-register_kind("Ef", "input-embedding forward: in-shard lookups, all-reduced",
+register_kind("Vf", "input-embedding forward: in-shard lookups, all-reduced",
               members=_all_ranks, lane="comm", cost=_free, output=EMBEDDED, module="pipelab")
-register_kind("Eb", "input-embedding backward: the gradient broadcast, scatter-added per shard",
+register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-added per shard",
               inputs=_embedding_grad_inputs, members=_all_ranks, lane="comm", cost=_free,
               module="pipelab")
 
@@ -129,15 +129,15 @@ def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
         reduce = [("Ct", i - 1)] * (i > 0) + [("Cs", i)] if barriers == 2 else [("C", i)]
         steps.append([("T", i - 1)] * (i > 0) + [("S", i)] + reduce)
     # The embedding collectives ride along (every rank reaches a step at about the same time):
-    # Ef(j) with the last step at least one period (F+B) before rank 0's F(j), or first of
-    # all; Eb(i) with the first step after rank 0's B(i), or at the very end.
+    # Vf(j) with the last step at least one period (F+B) before rank 0's F(j), or first of
+    # all; Vb(i) with the first step after rank 0's B(i), or at the very end.
     opening, closing, ending = [], [("T", m - 1)] + [("Ct", m - 1)] * (barriers == 2), []
     lookups: dict[int, list] = {}
     for j in range(m):
         earlier = [i for i in range(m) if x_ready[i] + 3 <= when[F(0, j)][0]]
-        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Ef", j))
+        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Vf", j))
         later = [i for i in range(m) if x_ready[i] >= when[B(0, j)][1]]
-        (steps[later[0]] if later else ending).append(("Eb", j))
+        (steps[later[0]] if later else ending).append(("Vb", j))
     opening += lookups.pop(-1, [])
     for i, items in lookups.items():
         steps[i][:0] = items
@@ -156,7 +156,7 @@ def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
                 out.append(own[k])
                 k += 1
             for kind, i in items:
-                stage = r if kind in ("S", "T") else (0 if kind in ("Ef", "Eb") else last)
+                stage = r if kind in ("S", "T") else (0 if kind in ("Vf", "Vb") else last)
                 out.append(Action(stage, kind, i))
         actions.append(out + own[k:])
     name = "vocab-1" if barriers == 2 else "vocab-2"
