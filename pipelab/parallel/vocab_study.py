@@ -220,9 +220,9 @@ def live_runs(cluster, profile: VocabProfile, microbatches: int, blocks_per_rank
 
 def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> list[dict]:
     """The live runs as `method_table` rows: measured step (wall clock), replayed step (from
-    per-action CPU times) and `fitted` step (simulated with the run's median cost per kind and
-    stage), per-rank CPU-busy time, memory = parameters + measured peak
-    activations (the output-layer shard's kept softmax included, held in the meter)."""
+    per-action CPU times), per-rank CPU-busy time (the sum of its actions' CPU times: what it
+    computed, steady on a loaded machine), memory = parameters + measured peak activations
+    (the output-layer shard's kept softmax included, held in the meter)."""
     rows = []
     for method, res in runs.items():
         ranks = res.schedule.ranks
@@ -236,13 +236,9 @@ def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> li
                          measured=res.timeline.makespan, timeline=res.replay,
                          busy=[busy[r] for r in range(ranks)], bounds=res.spec.bounds,
                          memory=[int(params[r] + res.peak_activations[r]) for r in range(ranks)],
-                         error=res.max_grad_error, fitted=res.simulated.makespan))
-    base, fitted = rows[0]["step"], rows[0]["fitted"]
+                         error=res.max_grad_error))
     for row in rows:
-        row["speedup"] = base / row["step"]
-        # From the median cost of each kind on each stage: steadier than one replay on a
-        # loaded machine (one slow action moves a replay, not a median).
-        row["fitted_speedup"] = fitted / row["fitted"]
+        row["speedup"] = rows[0]["step"] / row["step"]
     return rows
 
 
