@@ -220,9 +220,10 @@ def live_runs(cluster, profile: VocabProfile, microbatches: int, blocks_per_rank
 
 def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> list[dict]:
     """The live runs as `method_table` rows: measured step (wall clock), replayed step (from
-    per-action CPU times), per-rank CPU-busy time (the sum of its actions' CPU times: what it
-    computed, steady on a loaded machine), memory = parameters + measured peak activations
-    (the output-layer shard's kept softmax included, held in the meter)."""
+    per-action CPU times), `fitted` step (simulated with the run's median CPU time of each kind
+    on each stage: one slow action moves a replay, not a median), per-rank CPU-busy time, and
+    memory = parameters + measured peak activations (the output-layer shard's kept softmax
+    included, held in the meter)."""
     rows = []
     for method, res in runs.items():
         ranks = res.schedule.ranks
@@ -236,15 +237,17 @@ def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> li
                          measured=res.timeline.makespan, timeline=res.replay,
                          busy=[busy[r] for r in range(ranks)], bounds=res.spec.bounds,
                          memory=[int(params[r] + res.peak_activations[r]) for r in range(ranks)],
-                         error=res.max_grad_error))
+                         error=res.max_grad_error, fitted=res.simulated.makespan))
     for row in rows:
         row["speedup"] = rows[0]["step"] / row["step"]
+        row["fitted_speedup"] = rows[0]["fitted"] / row["fitted"]
     return rows
 
 
-def plot_methods(rows: list[dict], source: str, axes=None):
+def plot_methods(rows: list[dict], source: str, axes=None, memory_source: str | None = None):
     """Per-rank busy time and memory of each method, grouped bars; `source` goes in the titles
-    ("simulated", "replayed", "measured")."""
+    ("simulated", "replayed", "measured"), `memory_source` in the memory panel's when the
+    memory came from elsewhere (a live run's activation meter)."""
     import matplotlib.pyplot as plt
     if axes is None:
         _fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
@@ -258,8 +261,10 @@ def plot_methods(rows: list[dict], source: str, axes=None):
         ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
         ax.set_ylabel(what)
     axes[0].set_title(f"compute per rank, p={ranks}\n({source})", fontsize=10)
-    axes[1].set_title(f"parameters + activations per rank\n({source})", fontsize=10)
-    axes[1].legend(fontsize=8)
+    axes[1].set_title(f"parameters + activations per rank\n({memory_source or source})",
+                      fontsize=10)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))     # off the bars
+    axes[0].figure.tight_layout()
     return axes
 
 
