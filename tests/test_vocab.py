@@ -101,6 +101,12 @@ def test_vocabulary_parameter_bytes_balance():
     assert parameter_bytes(cfg, 4, sharded=True) == [table // 2] * 4
     tied = pl.ModelConfig(d_model=64, vocab_size=32_768, tie_embeddings=True)
     assert parameter_bytes(tied, 4, sharded=True) == [table // 4] * 4
+    # An uneven vocabulary: the shards hold every row once, none twice, sizes one row apart.
+    odd = pl.ModelConfig(d_model=8, vocab_size=1001)
+    for p in (2, 3, 4, 7):
+        sharded = parameter_bytes(odd, p, sharded=True)
+        assert sum(sharded) == sum(parameter_bytes(odd, p, sharded=False)) == 2 * 1001 * 8 * 4
+        assert max(sharded) - min(sharded) <= 2 * 8 * 4
 
 
 def test_context_tokens_spread_over_the_vocabulary():
