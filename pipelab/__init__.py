@@ -13,6 +13,8 @@ from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 from .parallel import Mesh, allreduce_time, with_data_parallel
 from . import memory, recompute
 from .recompute import with_recompute
+from .calibrate import Calibration, calibrate
+from .plan import Candidate, Plan, plan
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
@@ -23,4 +25,5 @@ __all__ = [
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
     "Mesh", "allreduce_time", "with_data_parallel", "memory", "recompute", "with_recompute",
+    "Calibration", "calibrate", "Candidate", "Plan", "plan",
 ]

@@ -1,0 +1,300 @@
+"""The planner: which schedule, mesh, microbatching and recomputation for a model on N devices?
+
+    cal = pl.calibrate(cfg)                                     # measured per-layer costs
+    best = pl.plan(cfg, devices=8, memory_per_device=256 * 2**20, calibration=cal).best
+
+`plan` enumerates schedule × pipeline degree × data-parallel degree × microbatches × chunks ×
+recomputation policy, predicts each candidate's step time with the simulator (costs from the
+calibration, one simulation per candidate) and its peak memory per rank in bytes with the byte
+model (memory.py) read along the simulated timeline, and ranks them by predicted time.
+
+The mesh axes are pipeline (p) and data (dp) with p × dp = devices: the runtime's mesh has
+tp = 1. Vocabulary, tensor and expert parallelism are further axes of `_meshes` (a degree each,
+its divisors of the devices), and a factor each on the stage costs and bytes in `_costs` and
+`_bytes`, once the model and runtime have them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from itertools import product
+
+import numpy as np
+
+from .calibrate import Calibration, calibrate
+from .checks import positive_int
+from .memory import activation_bytes, optimizer_bytes, parameter_bytes, weight_grad_bytes
+from .model import ModelConfig
+from .parallel import with_data_parallel
+from .partition import balanced_bounds
+from .schedules import SCHEDULES, schedule as make_schedule
+from .simulate import Costs, simulate
+
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")
+CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with several stages per rank
+POLICIES = ("none", "selective", "full", "every-k")
+MiB = 2**20
+
+
+@dataclass
+class Candidate:
+    """One configuration and what the planner predicts for it."""
+    schedule: str
+    pipeline: int                 # pipeline ranks (p)
+    data_parallel: int            # replicas (dp); devices = p × dp
+    microbatches: int
+    chunks: int                   # stages per pipeline rank
+    recompute: str
+    rows: int                     # sequences per microbatch
+    bounds: list[tuple[int, int]] = field(repr=False)
+    step_time: float = 0.0        # predicted seconds per training step
+    memory_by_rank: list[int] = field(default_factory=list, repr=False)   # bytes, peak
+    activation_peak: list[int] = field(default_factory=list, repr=False)  # of which activations
+    static: list[int] = field(default_factory=list, repr=False)   # parameters, grads, optimizer
+    fits: bool = False
+    reason: str = ""              # why it does not fit ("" when it does)
+
+    @property
+    def peak_memory(self) -> int:
+        """Predicted peak bytes on the fullest device."""
+        return max(self.memory_by_rank)
+
+    @property
+    def devices(self) -> int:
+        return self.pipeline * self.data_parallel
+
+    def label(self) -> str:
+        chunks = f", v={self.chunks}" if self.chunks > 1 else ""
+        return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel} "
+                f"m={self.microbatches}{chunks}, recompute {self.recompute}")
+
+    def build(self):
+        """The schedule to run (without the all-reduces: cluster.run adds them)."""
+        options = {"chunks": self.chunks} if self.schedule in CHUNKED else {}
+        return make_schedule(self.schedule, ranks=self.pipeline, microbatches=self.microbatches,
+                             **options)
+
+
+class Plan(list):
+    """Candidates ranked by predicted step time (fastest first), fitting or not."""
+
+    def __init__(self, candidates, cfg: ModelConfig, devices: int, budget: int, batch_size: int):
+        super().__init__(sorted(candidates, key=lambda c: (c.step_time, c.peak_memory)))
+        self.cfg, self.devices, self.budget, self.batch_size = cfg, devices, budget, batch_size
+
+    @property
+    def fitting(self) -> list[Candidate]:
+        return [c for c in self if c.fits]
+
+    @property
+    def best(self) -> Candidate:
+        """The fastest candidate that fits; ValueError saying what would be needed if none."""
+        fitting = self.fitting
+        if not fitting:
+            raise ValueError(self.nothing_fits())
+        return fitting[0]
+
+    def nothing_fits(self) -> str:
+        smallest = min(self, key=lambda c: c.peak_memory)
+        return (f"nothing fits in memory_per_device={self.budget / MiB:.1f} MiB on "
+                f"{self.devices} device(s): the smallest predicted peak is "
+                f"{smallest.peak_memory / MiB:.1f} MiB ({smallest.label()}); give each device "
+                f"at least that much, or more devices")
+
+    def frontier(self) -> list[Candidate]:
+        """The Pareto frontier of (step time, peak memory): no other candidate is at least as
+        fast and as small and better in one. By increasing memory."""
+        out: list[Candidate] = []
+        for c in sorted(self, key=lambda c: (c.peak_memory, c.step_time)):
+            if not out or c.step_time < out[-1].step_time:
+                out.append(c)
+        return out
+
+    def explain(self) -> str:
+        """One sentence on the choice: what it is, and what memory ruled out, if anything."""
+        if not self.fitting:
+            return self.nothing_fits()
+        best, fastest = self.best, self[0]
+        head = (f"{best.label()} is predicted fastest of the {len(self.fitting)} of {len(self)} "
+                f"candidates that fit ({best.step_time * 1e3:.2f} ms per step, peak "
+                f"{best.peak_memory / MiB:.1f} of {self.budget / MiB:.1f} MiB per device)")
+        if fastest is best:
+            return head + "; memory does not bind: it is the fastest of all."
+        return head + (f"; the faster {fastest.label()} ({fastest.step_time * 1e3:.2f} ms) "
+                       f"does not fit: {fastest.reason}.")
+
+    def table(self, rows: int = 12) -> str:
+        lines = [f"{'rank':>4}  {'candidate':<52} {'ms/step':>8} {'peak MiB':>9}  fits",
+                 *(f"{i:>4}  {c.label():<52} {c.step_time * 1e3:8.2f} "
+                   f"{c.peak_memory / MiB:9.2f}  {'yes' if c.fits else 'no'}"
+                   for i, c in enumerate(self[:rows]))]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Plan({len(self)} candidates, {len(self.fitting)} fit)"
+
+    __str__ = table
+
+
+def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
+         batch_size: int | None = None, calibration: Calibration | None = None,
+         schedules=SCHEDULE_NAMES, recompute=POLICIES, chunks=(2,),
+         microbatches=None, optimizer: str = "adamw") -> Plan:
+    """Every candidate for training `cfg` on `devices` with `memory_per_device` bytes each,
+    predicted and ranked by step time. `batch_size` sequences per step (default 8 per device);
+    `microbatches`: the counts to try (default every divisor of a replica's batch);
+    `chunks`: stages per rank for the schedules that interleave."""
+    _check(cfg, devices, memory_per_device, schedules, recompute)
+    batch_size = 8 * devices if batch_size is None else positive_int("batch_size", batch_size)
+    cal = calibration if calibration is not None else calibrate(cfg)
+    if cal.cfg != cfg:
+        raise ValueError("calibration was measured for another model config: calibrate(cfg) again")
+    out = []
+    for p, dp in _meshes(cfg, devices, batch_size):
+        per_replica = batch_size // dp
+        counts = [m for m in (microbatches or _divisors(per_replica)) if per_replica % m == 0]
+        for name, m in product(schedules, counts):
+            for v in (chunks if name in CHUNKED else (1,)):
+                if p * v > cfg.total_layers:
+                    continue
+                sched = _schedule(name, p, m, v, dp)
+                if sched is None:
+                    continue                     # the schedule does not exist at this size
+                bounds = _bounds(cal, p * v, per_replica // m)
+                for policy in recompute:
+                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds)
+                    _predict(c, sched, cal, optimizer)
+                    c.fits = c.peak_memory <= memory_per_device
+                    c.reason = "" if c.fits else _why_not(c, memory_per_device)
+                    out.append(c)
+    if not out:
+        raise ValueError(f"no candidate: with batch_size={batch_size} and devices={devices} "
+                         f"no schedule of {list(schedules)} can be built")
+    return Plan(out, cfg, devices, memory_per_device, batch_size)
+
+
+def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a pl.ModelConfig, got {type(cfg).__name__}")
+    positive_int("devices", devices)
+    if isinstance(memory_per_device, bool) or not isinstance(memory_per_device, (int, float)) \
+            or not memory_per_device > 0:
+        raise ValueError(f"memory_per_device must be a number of bytes > 0, got {memory_per_device!r}")
+    unknown = [s for s in schedules if s not in SCHEDULES]
+    if unknown:
+        raise ValueError(f"schedules: unknown {unknown}; known: {', '.join(SCHEDULES)}")
+    bad = [r for r in recompute if r not in POLICIES]
+    if bad:
+        raise ValueError(f"recompute: policies must be among {POLICIES}, got {bad}")
+
+
+def _meshes(cfg: ModelConfig, devices: int, batch_size: int):
+    """(pipeline, data-parallel) degrees with p × dp = devices, p <= the model's layers and
+    a batch that splits over the replicas. Further axes (tensor, vocabulary, expert) go here."""
+    for p in _divisors(devices):
+        dp = devices // p
+        if p <= cfg.total_layers and batch_size % dp == 0:
+            yield p, dp
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+_SCHEDULES: dict = {}
+
+
+def _schedule(name: str, p: int, m: int, v: int, dp: int):
+    """The validated schedule with its all-reduces, or None where the family has no member
+    of this shape (e.g. too few microbatches); cached: many candidates share one."""
+    key = (name, p, m, v, dp)
+    if key not in _SCHEDULES:
+        try:
+            sched = make_schedule(name, ranks=p, microbatches=m,
+                                  **({"chunks": v} if name in CHUNKED else {}))
+            _SCHEDULES[key] = with_data_parallel(sched, dp).validate()
+        except ValueError:
+            _SCHEDULES[key] = None
+    return _SCHEDULES[key]
+
+
+def _bounds(cal: Calibration, stages: int, rows: int) -> list[tuple[int, int]]:
+    """The contiguous split balancing the calibrated forward + backward time."""
+    n = cal.cfg.total_layers
+    weights = [cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
+               for i in range(n)]
+    return balanced_bounds(weights, stages)
+
+
+def _costs(c: Candidate, cal: Calibration) -> Costs:
+    """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
+    overhead on every action, the recomputation in the backward (B, or I) it precedes."""
+    F, I, W = [], [], []
+    for a, b in c.bounds:
+        grad_in, grad_w = cal.backward_time(a, b, c.rows)
+        again = cal.recompute_time(a, b, c.rows, c.recompute)
+        F.append(cal.forward_time(a, b, c.rows) + cal.overhead)
+        I.append(grad_in + again + cal.overhead)
+        W.append(grad_w + cal.overhead)
+    message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
+    return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
+                 comm=cal.latency + message / cal.bandwidth, unit="s",
+                 bandwidth=cal.bandwidth, latency=cal.latency,
+                 parameter_bytes=[parameter_bytes(cal.cfg, a, b) for a, b in c.bounds],
+                 replicas=c.data_parallel)
+
+
+def _bytes(c: Candidate, cfg: ModelConfig) -> dict[str, np.ndarray]:
+    """Per kind, per stage: bytes an action adds at its start and releases at its end. F keeps
+    what the policy keeps; the backward (B, or I) first restores what it dropped; I leaves W
+    the gradients it stashed, W releases them."""
+    keep, full, stash = (np.array([fn(cfg, a, b, c.rows, *extra) for a, b in c.bounds])
+                         for fn, extra in ((activation_bytes, (c.recompute,)),
+                                           (activation_bytes, ()), (weight_grad_bytes, ())))
+    zero = np.zeros_like(full)
+    return {"F": (keep, zero), "B": (full - keep, full), "I": (full - keep, full - stash),
+            "W": (zero, stash)}
+
+
+def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
+    cfg = cal.cfg
+    tl = simulate(sched, _costs(c, cal))
+    c.step_time = tl.makespan
+    static = [2 * parameter_bytes(cfg, a, b) + optimizer_bytes(cfg, a, b, optimizer)
+              for a, b in c.bounds]
+    c.static = [sum(static[s] for s in sched.stages_of(r)) for r in range(sched.ranks)]
+    c.activation_peak = activation_peaks(tl, _bytes(c, cfg))
+    c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
+
+
+def activation_peaks(timeline, table: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[int]:
+    """Peak live activation bytes per rank along a timeline, `table[kind] = (added at start,
+    released at end)` per stage. At one instant, releases count before additions."""
+    rank, when, delta, order = [], [], [], []
+    for e in timeline.events:
+        for part in e.action.parts:
+            if part.kind in table:
+                add, release = table[part.kind]
+                rank += (e.rank, e.rank)
+                when += (e.start, e.end)
+                delta += (int(add[part.stage]), -int(release[part.stage]))
+                order += (1, 0)
+    peaks = [0] * timeline.ranks
+    if not rank:
+        return peaks
+    rank, when, delta = np.array(rank), np.array(when), np.array(delta, dtype=np.int64)
+    sort = np.lexsort((np.array(order), when, rank))
+    rank, level = rank[sort], np.cumsum(delta[sort])
+    starts = np.searchsorted(rank, np.arange(timeline.ranks))
+    before = np.concatenate(([0], level))[starts]       # the running sum before each rank
+    for r in range(timeline.ranks):
+        stop = starts[r + 1] if r + 1 < timeline.ranks else len(rank)
+        if stop > starts[r]:
+            peaks[r] = int(max(0, (level[starts[r]:stop] - before[r]).max()))
+    return peaks
+
+
+def _why_not(c: Candidate, budget: int) -> str:
+    r = int(np.argmax(c.memory_by_rank))
+    return (f"rank {r} would hold {c.memory_by_rank[r] / MiB:.1f} MiB > {budget / MiB:.1f} MiB "
+            f"({c.activation_peak[r] / MiB:.1f} MiB of activations, {c.static[r] / MiB:.1f} MiB "
+            f"of parameters, gradients and optimizer state)")

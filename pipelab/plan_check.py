@@ -1,0 +1,71 @@
+"""The planner against reality: run a candidate live and put its predictions beside what ran.
+
+Step time, two ways: `measured_time`, the median makespan of the measured training steps (wall
+clock, first step left out: it pays for warm-up), and `replayed_time`, the last step's
+actions at their measured CPU times placed by the simulator — what dedicated cores would show,
+and the fair comparison on a machine whose cores the ranks share with other work. Peak memory per device: the activation meter's peak (bytes autograd
+saved for backward, runtime/meter.py) plus the parameters, gradients and optimizer state of the
+rank's stages, counted from the live run's stages (RunResult.parameter_bytes) — the static part
+is not sampled from the process (its RSS holds torch itself), the activations are.
+"""
+from __future__ import annotations
+
+import inspect
+import statistics
+
+from .memory import optimizer_bytes
+from .plan import MiB, Candidate, Plan
+
+
+def can_run(candidate: Candidate, cluster) -> bool:
+    """Whether `cluster` can run the candidate: as many processes as its devices, and a
+    runtime that knows its recomputation policy."""
+    if candidate.devices != cluster.ranks:
+        return False
+    return candidate.recompute == "none" or \
+        "recompute" in inspect.signature(cluster.run).parameters
+
+
+def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dict:
+    """Run `candidate` live on `cluster` (as many ranks as its devices) and return predicted
+    and measured step time (s) and peak memory (bytes) side by side."""
+    if not can_run(candidate, cluster):
+        raise ValueError(f"cluster of {cluster.ranks} ranks cannot run {candidate.label()} "
+                         f"({candidate.devices} devices, recompute {candidate.recompute})")
+    extra = {"recompute": candidate.recompute} if candidate.recompute != "none" else {}
+    res = cluster.run(candidate.build(), model=plan.cfg, partition=candidate.bounds,
+                      batch_size=plan.batch_size, steps=steps, check=False, progress=False,
+                      data_parallel=candidate.data_parallel, **extra)
+    spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
+    cfg, sched = plan.cfg, res.schedule
+    static = [2 * b + optimizer_bytes(cfg, *bounds)
+              for b, bounds in zip(res.parameter_bytes(), candidate.bounds)]
+    held = {r: sum(static[s] for s in sched.stages_of(r)) for r in range(sched.ranks)}
+    measured = {r: held[r] + res.peak_activations[r] for r in held}
+    return {"candidate": candidate.label(),
+            "predicted_time": candidate.step_time, "measured_time": statistics.median(spans),
+            "replayed_time": res.replay.makespan,
+            "predicted_peak": candidate.peak_memory, "measured_peak": max(measured.values()),
+            "predicted_activations": max(candidate.activation_peak),
+            "measured_activations": max(res.peak_activations.values())}
+
+
+def table(rows: list[dict]) -> str:
+    """Predicted vs measured (and replayed) step time and peak memory, one line per candidate,
+    with the relative errors."""
+    head = (f"{'candidate':<50} {'pred ms':>8} {'meas ms':>8} {'err':>5} {'repl ms':>8} "
+            f"{'err':>5} {'pred MiB':>9} {'meas MiB':>9} {'err':>5}")
+    lines = [head]
+    for r in rows:
+        lines.append(f"{r['candidate']:<50} {r['predicted_time'] * 1e3:8.2f} "
+                     f"{r['measured_time'] * 1e3:8.2f} {error(r, 'time'):5.0%} "
+                     f"{r['replayed_time'] * 1e3:8.2f} {error(r, 'time', 'replayed'):5.0%} "
+                     f"{r['predicted_peak'] / MiB:9.2f} {r['measured_peak'] / MiB:9.2f} "
+                     f"{error(r, 'peak'):5.0%}")
+    return "\n".join(lines)
+
+
+def error(row: dict, what: str, against: str = "measured") -> float:
+    """(predicted − measured) / measured for "time", "peak" or "activations"; against
+    "replayed" for the replayed step time."""
+    return (row[f"predicted_{what}"] - row[f"{against}_{what}"]) / row[f"{against}_{what}"]

@@ -1,0 +1,145 @@
+"""The planner: budgets respected, ranking by predicted time, the byte and time models it uses
+checked against hand counts, and against a live run."""
+import pytest
+
+import pipelab as pl
+from pipelab.calibrate import Calibration, calibrate, flop_shares
+from pipelab.memory import activation_bytes, optimizer_bytes, parameter_bytes
+from pipelab.plan import MiB, plan
+
+CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=16, vocab_size=64)
+
+
+def synthetic(cfg=CFG, overhead=0.0, bandwidth=1e9) -> Calibration:
+    """Made-up, exact costs: forward 1 ms + 0.1 ms per row per layer, backward twice that."""
+    n = cfg.total_layers
+    w, core = flop_shares(cfg)
+    return Calibration(cfg, ((1e-3, 1e-4),) * n, ((2e-3, 2e-4),) * n, w, core, latency=0.0,
+                       bandwidth=bandwidth, overhead=overhead)
+
+
+@pytest.fixture(scope="module")
+def wide():
+    return plan(CFG, devices=4, memory_per_device=10**12, calibration=synthetic(), batch_size=16)
+
+
+def test_on_a_grid_of_budgets_every_fitting_candidate_is_within_it(wide):
+    peaks = sorted(c.peak_memory for c in wide)
+    for budget in [peaks[0], peaks[len(peaks) // 4], peaks[len(peaks) // 2], peaks[-1] - 1]:
+        p = plan(CFG, devices=4, memory_per_device=budget, calibration=synthetic(), batch_size=16)
+        assert len(p) == len(wide)
+        assert p.fitting and all(c.peak_memory <= budget for c in p.fitting)
+        assert all(c.peak_memory > budget and "MiB >" in c.reason for c in p if not c.fits)
+        times = [c.step_time for c in p]
+        assert times == sorted(times)                 # ranked by predicted time
+        assert p.best is p.fitting[0] and p.best.step_time == min(c.step_time for c in p.fitting)
+        assert p.best.label() in p.explain()
+
+
+def test_an_infeasible_budget_says_what_would_fit(wide):
+    smallest = min(c.peak_memory for c in wide)
+    p = plan(CFG, devices=4, memory_per_device=smallest - 1, calibration=synthetic(),
+             batch_size=16)
+    assert not p.fitting
+    with pytest.raises(ValueError, match="nothing fits in memory_per_device") as info:
+        p.best
+    assert f"{smallest / MiB:.1f} MiB" in str(info.value)
+    assert p.explain() == str(info.value)
+
+
+def one(p, **want):
+    found = [c for c in p if all(getattr(c, k) == v for k, v in want.items())]
+    assert len(found) == 1, want
+    return found[0]
+
+
+def test_peak_activations_are_the_hand_count():
+    L, rows = CFG.total_layers, 16 // 4
+    full = activation_bytes(CFG, 0, L, rows)
+    single = plan(CFG, devices=1, memory_per_device=10**12, calibration=synthetic(),
+                  batch_size=16, schedules=["gpipe", "1f1b"], microbatches=[4])
+    g = one(single, schedule="gpipe", recompute="none")
+    assert g.activation_peak == [4 * full]                 # GPipe holds every microbatch
+    kept = activation_bytes(CFG, 0, L, rows, "full")
+    g = one(single, schedule="gpipe", recompute="full")
+    assert g.activation_peak == [4 * kept + full - kept]   # one backward restores its own
+    two = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(), batch_size=16,
+               schedules=["1f1b"], microbatches=[4], recompute=["none"])
+    c = one(two, pipeline=2)
+    (a0, b0), (a1, b1) = c.bounds
+    # 1F1B: rank r holds p − r microbatches in flight
+    assert c.activation_peak == [2 * activation_bytes(CFG, a0, b0, 4),
+                                 activation_bytes(CFG, a1, b1, 4)]
+
+
+def test_static_bytes_are_parameters_gradients_and_adamw(wide):
+    c = one(wide, schedule="1f1b", pipeline=4, microbatches=4, recompute="none")
+    want = [2 * parameter_bytes(CFG, a, b) + optimizer_bytes(CFG, a, b) for a, b in c.bounds]
+    assert c.static == want
+    assert c.memory_by_rank == [s + a for s, a in zip(c.static, c.activation_peak)]
+
+
+def test_step_time_is_the_calibrated_sum():
+    cal = synthetic(overhead=1e-4)
+    p = plan(CFG, devices=1, memory_per_device=10**12, calibration=cal, batch_size=4,
+             schedules=["gpipe"], microbatches=[1])
+    L = CFG.total_layers
+    none, full = one(p, recompute="none"), one(p, recompute="full")
+    work = cal.forward_time(0, L, 4) + sum(cal.backward_time(0, L, 4)) + 2 * cal.overhead
+    assert none.step_time == pytest.approx(work)
+    blocks = cal.forward_time(1, L - 1, 4)           # full recomputation repeats the blocks
+    assert full.step_time == pytest.approx(work + blocks)
+
+
+def test_the_frontier_is_undominated_and_holds_the_extremes(wide):
+    front = wide.frontier()
+    for c in front:
+        assert not any(o.step_time <= c.step_time and o.peak_memory <= c.peak_memory and
+                       (o.step_time, o.peak_memory) != (c.step_time, c.peak_memory) for o in wide)
+    assert front[-1].step_time == wide[0].step_time
+    assert front[0].peak_memory == min(c.peak_memory for c in wide)
+
+
+def test_slow_links_push_the_plan_from_replicas_to_the_pipeline():
+    fast = plan(CFG, devices=4, memory_per_device=10**12, calibration=synthetic(bandwidth=1e12),
+                batch_size=16)
+    slow = plan(CFG, devices=4, memory_per_device=10**12, calibration=synthetic(bandwidth=1e5),
+                batch_size=16)
+    assert fast.best.data_parallel == 4
+    assert slow.best.data_parallel < 4
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(devices=0), "devices"),
+    (dict(memory_per_device=0), "memory_per_device"),
+    (dict(memory_per_device="1GB"), "memory_per_device"),
+    (dict(schedules=["1f1b", "nope"]), "schedules"),
+    (dict(recompute=["sometimes"]), "recompute"),
+    (dict(batch_size=0), "batch_size"),
+    (dict(calibration=synthetic(pl.ModelConfig(n_layers=2))), "calibration"),
+])
+def test_bad_input_is_refused_by_name(kwargs, match):
+    args = dict(devices=2, memory_per_device=10**9, calibration=synthetic(), batch_size=8)
+    args.update(kwargs)
+    with pytest.raises(ValueError, match=match):
+        plan(CFG, **args)
+
+
+def test_calibrate_measures_more_time_for_more_rows():
+    cal = calibrate(CFG, rows=(1, 8), repeats=3, warmup=1)
+    L = CFG.total_layers
+    assert cal.forward_time(0, L, 8) > cal.forward_time(0, L, 1) > 0
+    assert all(0 <= s <= 1 for s in cal.w_share)
+    with pytest.raises(ValueError, match="rows"):
+        calibrate(CFG, rows=(4, 2))
+
+
+def test_the_best_plan_run_live_uses_the_predicted_bytes():
+    from pipelab import plan_check
+    p = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(), batch_size=8,
+             recompute=["none"], schedules=["1f1b", "zb-h1"], microbatches=[4])
+    with pl.LocalCluster(ranks=2) as cluster:
+        for c in (one(p, schedule="1f1b", pipeline=2), one(p, schedule="zb-h1", pipeline=2)):
+            row = plan_check.measure(c, p, cluster, steps=1)
+            assert row["measured_activations"] == row["predicted_activations"], c.label()
+            assert row["measured_peak"] == row["predicted_peak"], c.label()
