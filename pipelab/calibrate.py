@@ -142,9 +142,11 @@ def _layer_times(cfg: ModelConfig, rows: int, repeats: int, warmup: int) -> list
 
 
 def _live_corrections(cal: Calibration, cluster) -> Calibration:
-    """Message latency and per-action overhead from one live 1F1B step on `cluster`."""
+    """Message latency and per-action overhead from one live 1F1B step on `cluster`; the
+    all-reduce bandwidth from one data-parallel step (every rank a replica of the model)."""
     from dataclasses import replace
 
+    from .memory import parameter_bytes
     from .partition import uniform_bounds
     from .schedules import schedule
     ranks = cluster.ranks
@@ -165,6 +167,10 @@ def _live_corrections(cal: Calibration, cluster) -> Calibration:
         else:
             continue
         extra.append((e.cpu if e.cpu is not None else e.duration) - model)
+    replicas = cluster.run(schedule("gpipe", ranks=1, microbatches=1), model=cfg,
+                           batch_size=ranks, data_parallel=ranks, check=False, progress=False)
+    took = statistics.median(e.duration for e in replicas.timeline.comm_events())
+    moved = 2 * (ranks - 1) / ranks * parameter_bytes(cfg, 0, cfg.total_layers)
     return replace(cal, latency=res.comm_latency,
-                   overhead=max(0.0, statistics.median(extra)) if extra else 0.0)
-
+                   overhead=max(0.0, statistics.median(extra)) if extra else 0.0,
+                   bandwidth=moved / max(took - res.comm_latency, 1e-9))

@@ -16,7 +16,8 @@ its divisors of the devices), and a factor each on the stage costs and bytes in 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from itertools import product
+from itertools import product, repeat
+from operator import itemgetter
 
 import numpy as np
 
@@ -26,7 +27,8 @@ from .memory import activation_bytes, optimizer_bytes, parameter_bytes, weight_g
 from .model import ModelConfig
 from .parallel import with_data_parallel
 from .partition import balanced_bounds
-from .schedules import SCHEDULES, schedule as make_schedule
+from .schedules import SCHEDULES, Action, schedule as make_schedule
+from .schedules.gcpause import without_gc
 from .simulate import Costs, simulate
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")
@@ -135,6 +137,7 @@ class Plan(list):
     __str__ = table
 
 
+@without_gc       # ~10^6 short-lived tuples per sweep, no cycles: collecting them is waste
 def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
          batch_size: int | None = None, calibration: Calibration | None = None,
          schedules=SCHEDULE_NAMES, recompute=POLICIES, chunks=(2,),
@@ -154,8 +157,8 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
         counts = [m for m in (microbatches or _divisors(per_replica)) if per_replica % m == 0]
         for name, m in product(schedules, counts):
             for v in (chunks if name in CHUNKED else (1,)):
-                if p * v > cfg.total_layers:
-                    continue
+                if p * v > cfg.total_layers or (v > 1 and p == 1):
+                    continue                     # interleaving needs a pipeline to interleave
                 sched = _schedule(name, p, m, v, dp)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
@@ -200,21 +203,15 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-_SCHEDULES: dict = {}
-
-
 def _schedule(name: str, p: int, m: int, v: int, dp: int):
     """The validated schedule with its all-reduces, or None where the family has no member
-    of this shape (e.g. too few microbatches); cached: many candidates share one."""
-    key = (name, p, m, v, dp)
-    if key not in _SCHEDULES:
-        try:
-            sched = make_schedule(name, ranks=p, microbatches=m,
-                                  **({"chunks": v} if name in CHUNKED else {}))
-            _SCHEDULES[key] = with_data_parallel(sched, dp).validate()
-        except ValueError:
-            _SCHEDULES[key] = None
-    return _SCHEDULES[key]
+    of this shape (e.g. too few microbatches)."""
+    try:
+        sched = make_schedule(name, ranks=p, microbatches=m,
+                              **({"chunks": v} if name in CHUNKED else {}))
+        return with_data_parallel(sched, dp).validate()
+    except ValueError:
+        return None
 
 
 def _bounds(cal: Calibration, stages: int, rows: int) -> list[tuple[int, int]]:
@@ -269,27 +266,30 @@ def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
 def activation_peaks(timeline, table: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[int]:
     """Peak live activation bytes per rank along a timeline, `table[kind] = (added at start,
     released at end)` per stage. At one instant, releases count before additions."""
-    rank, when, delta, order = [], [], [], []
-    for e in timeline.events:
-        for part in e.action.parts:
-            if part.kind in table:
-                add, release = table[part.kind]
-                rank += (e.rank, e.rank)
-                when += (e.start, e.end)
-                delta += (int(add[part.stage]), -int(release[part.stage]))
-                order += (1, 0)
-    peaks = [0] * timeline.ranks
-    if not rank:
-        return peaks
-    rank, when, delta = np.array(rank), np.array(when), np.array(delta, dtype=np.int64)
-    sort = np.lexsort((np.array(order), when, rank))
+    parts = [(e[0], part, e[2], e[3]) for e in timeline.events for part in e[1].parts] \
+        if set(map(type, map(itemgetter(1), timeline.events))) != {Action} else timeline.events
+    n, kinds = len(parts), list(table)
+    code = {kind: i for i, kind in enumerate(kinds)}
+    action = list(map(itemgetter(1), parts))
+    kind = np.fromiter(map(code.get, map(itemgetter(1), action), repeat(-1)), np.int64, n)
+    stage = np.fromiter(map(itemgetter(0), action), np.int64, n)
+    rank = np.fromiter(map(itemgetter(0), parts), np.int64, n)
+    start, end = (np.fromiter(map(itemgetter(i), parts), float, n) for i in (2, 3))
+    mine = kind >= 0
+    kind, stage, rank, start, end = kind[mine], stage[mine], rank[mine], start[mine], end[mine]
+    add = np.array([table[k][0] for k in kinds])[kind, stage]
+    release = np.array([table[k][1] for k in kinds])[kind, stage]
+    rank, when = np.concatenate((rank, rank)), np.concatenate((start, end))
+    delta = np.concatenate((add, -release))
+    first = np.concatenate((np.ones(len(add)), np.zeros(len(release))))   # releases first
+    sort = np.lexsort((first, when, rank))
     rank, level = rank[sort], np.cumsum(delta[sort])
-    starts = np.searchsorted(rank, np.arange(timeline.ranks))
-    before = np.concatenate(([0], level))[starts]       # the running sum before each rank
+    peaks = [0] * timeline.ranks
+    bounds = np.searchsorted(rank, np.arange(timeline.ranks + 1))
     for r in range(timeline.ranks):
-        stop = starts[r + 1] if r + 1 < timeline.ranks else len(rank)
-        if stop > starts[r]:
-            peaks[r] = int(max(0, (level[starts[r]:stop] - before[r]).max()))
+        a, b = bounds[r], bounds[r + 1]
+        if b > a:                        # the level before this rank's first change is a's
+            peaks[r] = int(max(0, (level[a:b] - (level[a - 1] if a else 0)).max()))
     return peaks
 
 
