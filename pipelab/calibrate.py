@@ -141,9 +141,11 @@ def _layer_times(cfg: ModelConfig, rows: int, repeats: int, warmup: int) -> list
         torch.set_num_threads(threads)
 
 
-def _live_corrections(cal: Calibration, cluster) -> Calibration:
-    """Message latency and per-action overhead from one live 1F1B step on `cluster`; the
-    all-reduce bandwidth from one data-parallel step (every rank a replica of the model)."""
+def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration:
+    """Message latency and per-action overhead from live 1F1B steps on `cluster`; the
+    all-reduce bandwidth from data-parallel steps (every rank a replica of the model). Each is
+    the best of `rounds` runs: the planner predicts dedicated cores, and on shared ones the
+    other programs only ever add time."""
     from dataclasses import replace
 
     from .memory import parameter_bytes
@@ -155,22 +157,24 @@ def _live_corrections(cal: Calibration, cluster) -> Calibration:
     cfg = cal.cfg
     m, rows = 2 * ranks, 1
     bounds = uniform_bounds(cfg.total_layers, ranks)
-    res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,
-                      partition=bounds, batch_size=m * rows, check=False, progress=False)
-    extra = []
-    for e in res.timeline.events:
-        a, b = bounds[e.action.stage]
-        if e.action.kind == "F":
-            model = cal.forward_time(a, b, rows)
-        elif e.action.kind == "B":
-            model = sum(cal.backward_time(a, b, rows))
-        else:
-            continue
-        extra.append((e.cpu if e.cpu is not None else e.duration) - model)
-    replicas = cluster.run(schedule("gpipe", ranks=1, microbatches=1), model=cfg,
-                           batch_size=ranks, data_parallel=ranks, check=False, progress=False)
-    took = statistics.median(e.duration for e in replicas.timeline.comm_events())
     moved = 2 * (ranks - 1) / ranks * parameter_bytes(cfg, 0, cfg.total_layers)
-    return replace(cal, latency=res.comm_latency,
-                   overhead=max(0.0, statistics.median(extra)) if extra else 0.0,
-                   bandwidth=moved / max(took - res.comm_latency, 1e-9))
+    latency, overhead, reduce = [], [], []
+    for _ in range(rounds):
+        res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,
+                          partition=bounds, batch_size=m * rows, check=False, progress=False)
+        extra = [(e.cpu if e.cpu is not None else e.duration) - _modelled(cal, e.action, bounds, rows)
+                 for e in res.timeline.events if e.action.kind in ("F", "B")]
+        latency.append(res.comm_latency)
+        overhead.append(max(0.0, statistics.median(extra)))
+        replicas = cluster.run(schedule("gpipe", ranks=1, microbatches=1), model=cfg,
+                               batch_size=ranks, data_parallel=ranks, check=False, progress=False)
+        reduce.append(statistics.median(e.duration for e in replicas.timeline.comm_events()))
+    return replace(cal, latency=min(latency), overhead=min(overhead),
+                   bandwidth=moved / max(min(reduce) - min(latency), 1e-9))
+
+
+def _modelled(cal: Calibration, action, bounds, rows: int) -> float:
+    a, b = bounds[action.stage]
+    if action.kind == "F":
+        return cal.forward_time(a, b, rows)
+    return sum(cal.backward_time(a, b, rows))

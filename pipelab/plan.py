@@ -79,9 +79,16 @@ class Candidate:
 class Plan(list):
     """Candidates ranked by predicted step time (fastest first), fitting or not."""
 
-    def __init__(self, candidates, cfg: ModelConfig, devices: int, budget: int, batch_size: int):
+    def __init__(self, candidates, calibration: Calibration, devices: int, budget: int,
+                 batch_size: int):
         super().__init__(sorted(candidates, key=lambda c: (c.step_time, c.peak_memory)))
-        self.cfg, self.devices, self.budget, self.batch_size = cfg, devices, budget, batch_size
+        self.calibration, self.cfg = calibration, calibration.cfg
+        self.devices, self.budget, self.batch_size = devices, budget, batch_size
+
+    def timeline(self, candidate: Candidate):
+        """The simulated step the prediction read (with its all-reduces)."""
+        sched = with_data_parallel(candidate.build(), candidate.data_parallel)
+        return simulate(sched, _costs(candidate, self.calibration))
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -172,7 +179,7 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
     if not out:
         raise ValueError(f"no candidate: with batch_size={batch_size} and devices={devices} "
                          f"no schedule of {list(schedules)} can be built")
-    return Plan(out, cfg, devices, memory_per_device, batch_size)
+    return Plan(out, cal, devices, memory_per_device, batch_size)
 
 
 def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:

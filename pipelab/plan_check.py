@@ -17,18 +17,23 @@ from .memory import optimizer_bytes
 from .plan import MiB, Candidate, Plan
 
 
+def runnable_policies(cluster) -> tuple[str, ...]:
+    """The recomputation policies the cluster's runtime can run."""
+    from .plan import POLICIES
+    return POLICIES if "recompute" in inspect.signature(cluster.run).parameters else ("none",)
+
+
 def can_run(candidate: Candidate, cluster) -> bool:
     """Whether `cluster` can run the candidate: as many processes as its devices, and a
     runtime that knows its recomputation policy."""
     if candidate.devices != cluster.ranks:
         return False
-    return candidate.recompute == "none" or \
-        "recompute" in inspect.signature(cluster.run).parameters
+    return candidate.recompute in runnable_policies(cluster)
 
 
 def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dict:
     """Run `candidate` live on `cluster` (as many ranks as its devices) and return predicted
-    and measured step time (s) and peak memory (bytes) side by side."""
+    and measured step time (s) and peak memory (bytes) side by side; "run" is the RunResult."""
     if not can_run(candidate, cluster):
         raise ValueError(f"cluster of {cluster.ranks} ranks cannot run {candidate.label()} "
                          f"({candidate.devices} devices, recompute {candidate.recompute})")
@@ -47,7 +52,8 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
             "replayed_time": res.replay.makespan,
             "predicted_peak": candidate.peak_memory, "measured_peak": max(measured.values()),
             "predicted_activations": max(candidate.activation_peak),
-            "measured_activations": max(res.peak_activations.values())}
+            "measured_activations": max(res.peak_activations.values()),
+            "run": res}
 
 
 def table(rows: list[dict]) -> str:
