@@ -109,7 +109,7 @@ class Schedule:
         from .graph import step_dependencies
         return step_dependencies(self, action)
 
-    def execution_order(self) -> list:
+    def execution_order(self):
         """A validated execution order (graph.py), cached while the schedule is unchanged."""
         from .kinds import VERSION
         key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)), VERSION[0])
