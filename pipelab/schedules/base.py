@@ -28,6 +28,9 @@ class Schedule:
     name: str = "custom"
     _index: dict = field(default=None, init=False, repr=False, compare=False)
     _checked: tuple = field(default=None, init=False, repr=False, compare=False)
+    # {(stage, mb): the update U whose weights that forward reads} (updates.py); None: the
+    # usual ones. A class attribute, not a field: set on the schedules that need it.
+    weight_source = None
 
     def __post_init__(self) -> None:
         self.actions = [list(rank_actions) for rank_actions in self.actions]

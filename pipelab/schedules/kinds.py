@@ -106,7 +106,7 @@ def _forward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
     # A schedule that says which weight version each forward reads (updates.py) orders the
     # forward after the update that made it.
-    weights = getattr(schedule, "weight_source", None)
+    weights = schedule.weight_source
     made_by = weights.get((stage, mb)) if weights is not None else None
     edges = [] if made_by is None else [_new(Input, ("weights", made_by, False))]
     if stage == 0:       # the first stage reads the microbatch's tokens, unless fed
