@@ -23,10 +23,11 @@ import numpy as np
 
 from .calibrate import Calibration, calibrate
 from .checks import positive_int
-from .memory import activation_bytes, optimizer_bytes, parameter_bytes, weight_grad_bytes
+from .memory import action_bytes, optimizer_bytes, parameter_bytes
 from .model import ModelConfig
 from .parallel import with_data_parallel
 from .partition import balanced_bounds
+from .recompute import RECOMPUTE, policies, with_recompute
 from .schedules import SCHEDULES, Action, schedule as make_schedule
 from .schedules.gcpause import without_gc
 from .simulate import Costs, simulate
@@ -88,6 +89,8 @@ class Plan(list):
     def timeline(self, candidate: Candidate):
         """The simulated step the prediction read (with its all-reduces)."""
         sched = with_data_parallel(candidate.build(), candidate.data_parallel)
+        if candidate.recompute != "none":
+            sched = with_recompute(sched)
         return simulate(sched, _costs(candidate, self.calibration))
 
     @property
@@ -170,9 +173,12 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
                 if sched is None:
                     continue                     # the schedule does not exist at this size
                 bounds = _bounds(cal, p * v, per_replica // m)
+                again = None                     # the schedule with its recomputations R
                 for policy in recompute:
                     c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds)
-                    _predict(c, sched, cal, optimizer)
+                    if policy != "none" and again is None:
+                        again = with_recompute(sched).validate()
+                    _predict(c, sched if policy == "none" else again, cal, optimizer)
                     c.fits = c.peak_memory <= memory_per_device
                     c.reason = "" if c.fits else _why_not(c, memory_per_device)
                     out.append(c)
@@ -231,32 +237,20 @@ def _bounds(cal: Calibration, stages: int, rows: int) -> list[tuple[int, int]]:
 
 def _costs(c: Candidate, cal: Calibration) -> Costs:
     """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
-    overhead on every action, the recomputation in the backward (B, or I) it precedes."""
-    F, I, W = [], [], []
+    overhead on every action, and the recomputation `R` its policy repeats."""
+    F, I, W, R = [], [], [], []
     for a, b in c.bounds:
         grad_in, grad_w = cal.backward_time(a, b, c.rows)
-        again = cal.recompute_time(a, b, c.rows, c.recompute)
         F.append(cal.forward_time(a, b, c.rows) + cal.overhead)
-        I.append(grad_in + again + cal.overhead)
+        I.append(grad_in + cal.overhead)
         W.append(grad_w + cal.overhead)
+        R.append(cal.recompute_time(a, b, c.rows, c.recompute) + cal.overhead)
     message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
     return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
-                 comm=cal.latency + message / cal.bandwidth, unit="s",
+                 kinds={RECOMPUTE: R}, comm=cal.latency + message / cal.bandwidth, unit="s",
                  bandwidth=cal.bandwidth, latency=cal.latency,
                  parameter_bytes=[parameter_bytes(cal.cfg, a, b) for a, b in c.bounds],
                  replicas=c.data_parallel)
-
-
-def _bytes(c: Candidate, cfg: ModelConfig) -> dict[str, np.ndarray]:
-    """Per kind, per stage: bytes an action adds at its start and releases at its end. F keeps
-    what the policy keeps; the backward (B, or I) first restores what it dropped; I leaves W
-    the gradients it stashed, W releases them."""
-    keep, full, stash = (np.array([fn(cfg, a, b, c.rows, *extra) for a, b in c.bounds])
-                         for fn, extra in ((activation_bytes, (c.recompute,)),
-                                           (activation_bytes, ()), (weight_grad_bytes, ())))
-    zero = np.zeros_like(full)
-    return {"F": (keep, zero), "B": (full - keep, full), "I": (full - keep, full - stash),
-            "W": (zero, stash)}
 
 
 def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
@@ -266,7 +260,8 @@ def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
     static = [2 * parameter_bytes(cfg, a, b) + optimizer_bytes(cfg, a, b, optimizer)
               for a, b in c.bounds]
     c.static = [sum(static[s] for s in sched.stages_of(r)) for r in range(sched.ranks)]
-    c.activation_peak = activation_peaks(tl, _bytes(c, cfg))
+    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds))
+    c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(v).T) for kind, v in table.items()})
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
 
 
