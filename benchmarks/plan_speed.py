@@ -7,6 +7,7 @@ import argparse
 import time
 
 import pipelab as pl
+from pipelab.plan import SCHEDULE_NAMES
 
 
 def main() -> None:
@@ -25,8 +26,8 @@ def main() -> None:
     cal_wall, cal_cpu = time.perf_counter() - w0, time.process_time() - c0
     w0, c0 = time.perf_counter(), time.process_time()
     plan = pl.plan(cfg, devices=args.devices, memory_per_device=int(args.budget_mib * 2**20),
-                   batch_size=args.batch_size, calibration=cal, schedules=list(pl.SCHEDULES),
-                   chunks=(2, 4))
+                   batch_size=args.batch_size, calibration=cal,
+                   schedules=(*SCHEDULE_NAMES, "looped-bfs"), chunks=(2, 4))
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
     print(f"{args.layers}-layer model, {args.devices} devices, batch {args.batch_size}, "
           f"budget {args.budget_mib:g} MiB per device")

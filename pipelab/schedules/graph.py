@@ -100,6 +100,7 @@ def execution_order(schedule) -> Order:
     steps: list = []
     ranks_of: list[tuple[int, ...]] = []
     producers: list[list[int]] = []
+    k = -1                                  # the position of the last step placed
     while ready:
         rank = ready.pop()
         acts = s.actions[rank]
@@ -114,17 +115,20 @@ def execution_order(schedule) -> Order:
                     deps = [edge for part in item for edge in inputs_fn[part[1]](s, part)
                             if edge[1] not in item]
             before = []                      # positions of its inputs, while all are there
+            missing = None
             for edge in deps:
-                k = placed.get(edge[1])
-                if k is None:
+                found = placed.get(edge[1])
+                if found is None:
+                    missing = edge[1]
                     break
-                before.append(k)
-            if len(before) < len(deps):
-                waiting[deps[len(before)][1]].append(rank)
+                before.append(found)
+            if missing is not None:
+                waiting[missing].append(rank)
                 parked[rank] = deps
                 break
             deps = None
-            if collective and item[1] in collective:
+            together = collective and item[1] in collective
+            if together:
                 members = members_of(s, item)
                 arrived[item].add(rank)
                 if len(arrived[item]) < len(members):
@@ -132,7 +136,7 @@ def execution_order(schedule) -> Order:
                 ranks = members
             else:
                 ranks = alone[rank]
-            k = len(steps)
+            k += 1
             steps.append(item)
             ranks_of.append(ranks)
             producers.append(before)
@@ -147,7 +151,7 @@ def execution_order(schedule) -> Order:
                     woken = waiting.pop(part, None)
                     if woken:
                         ready.extend(woken)
-            if len(ranks) > 1:               # a collective moves every member on
+            if together:                     # a collective moves every member on
                 for other in ranks:
                     if other != rank:
                         position[other] += 1
