@@ -78,11 +78,12 @@ def flop_shares(cfg: ModelConfig) -> tuple[tuple[float, ...], tuple[float, ...]]
 
 def calibrate(cfg: ModelConfig, *, rows: tuple[int, int] = (1, 4), repeats: int = 5,
               warmup: int = 3, latency: float | None = None, bandwidth: float | None = None,
-              cluster=None) -> Calibration:
+              cluster=None, rounds: int = 3) -> Calibration:
     """Time every layer's forward and backward at two microbatch sizes (`rows` sequences) and
     fit seconds = fixed + per_row × rows. With a `cluster` (a pl.LocalCluster of 2+ ranks),
-    one short live 1F1B run also measures the message latency and the runtime's overhead per
-    action; otherwise `latency` (default DEFAULT_LATENCY) and no overhead."""
+    short live runs also measure the message latency, the runtime's overhead per action and the
+    all-reduce bandwidth (the best of `rounds`); otherwise `latency` and `bandwidth` (defaults
+    DEFAULT_LATENCY, DEFAULT_BANDWIDTH) and no overhead."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a pl.ModelConfig, got {type(cfg).__name__}")
     small, large = rows
@@ -98,7 +99,7 @@ def calibrate(cfg: ModelConfig, *, rows: tuple[int, int] = (1, 4), repeats: int 
                       DEFAULT_LATENCY if latency is None else float(latency),
                       DEFAULT_BANDWIDTH if bandwidth is None else float(bandwidth))
     if cluster is not None:
-        cal = _live_corrections(cal, cluster)
+        cal = _live_corrections(cal, cluster, positive_int("rounds", rounds))
     return cal
 
 

@@ -5,8 +5,9 @@
 
 `plan` enumerates schedule × pipeline degree × data-parallel degree × microbatches × chunks ×
 recomputation policy, predicts each candidate's step time with the simulator (costs from the
-calibration, one simulation per candidate) and its peak memory per rank in bytes with the byte
-model (memory.py) read along the simulated timeline, and ranks them by predicted time.
+calibration, one simulation per candidate; a policy's recomputations are `R` actions placed by
+`with_recompute`, as the runtime places them) and its peak memory per rank in bytes with the
+byte model (memory.action_bytes) read along the simulated timeline, and ranks them by time.
 
 The mesh axes are pipeline (p) and data (dp) with p × dp = devices: the runtime's mesh has
 tp = 1. Vocabulary, tensor and expert parallelism are further axes of `_meshes` (a degree each,
