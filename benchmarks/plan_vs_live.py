@@ -2,7 +2,7 @@
 
 Calibrates the model (per-layer costs, then message latency and per-action overhead from one
 live run), plans for the devices this machine can run (2 processes by default), and runs the
-best fitting candidate of each schedule and pipeline degree. Step time is compared with the
+best fitting candidate of each schedule and pipeline degree, and of each recomputation policy. Step time is compared with the
 measured wall-clock step (median of the steps after the first) and with the replay (the
 measured CPU time of each action, placed by the simulator: what dedicated cores would show).
 Peak memory: the activation meter's peak plus parameters, gradients and AdamW state.
@@ -23,7 +23,8 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--budget-mib", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=4)
-    parser.add_argument("--quick", action="store_true", help="one candidate per schedule family")
+    parser.add_argument("--quick", action="store_true",
+                        help="one candidate per schedule family (and per recomputation policy)")
     args = parser.parse_args()
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model)
     with pl.LocalCluster(ranks=args.devices) as cluster:
@@ -34,10 +35,10 @@ def main() -> None:
               f"latency {cal.latency * 1e6:.0f} us, overhead {cal.overhead * 1e6:.0f} us/action")
         print(plan.explain())
         chosen, seen = [], set()
-        for c in plan.fitting:
-            key = c.schedule if args.quick else (c.schedule, c.pipeline)
-            if key not in seen and plan_check.can_run(c, cluster):
-                seen.add(key)
+        for c in plan.fitting:            # the best of each family, and of each policy
+            keys = {c.schedule if args.quick else (c.schedule, c.pipeline), c.recompute}
+            if keys - seen and plan_check.can_run(c, cluster):
+                seen |= keys
                 chosen.append(c)
         rows = [plan_check.measure(c, plan, cluster, steps=args.steps) for c in chosen]
     print(plan_check.table(rows))

@@ -38,6 +38,9 @@ class Calibration:
     latency: float = DEFAULT_LATENCY
     bandwidth: float = DEFAULT_BANDWIDTH
     overhead: float = 0.0                 # s the runtime adds to every action (sends, hooks)
+    # measured R over modelled R, per policy: the runtime's recomputation re-runs each region
+    # under saved-tensor hooks, which costs more than the bare forward at small sizes
+    recompute_scale: tuple[tuple[str, float], ...] = ()
 
     def forward_time(self, start: int, stop: int, rows: int) -> float:
         """Seconds of one microbatch's forward through layers [start, stop)."""
@@ -59,7 +62,9 @@ class Calibration:
             return 0.0
         blocks = range(max(start, 1), min(stop, self.cfg.n_layers + 1))
         share = (lambda i: self.attention_share[i]) if policy == "selective" else (lambda i: 1.0)
-        return sum((self.forward[i][0] + self.forward[i][1] * rows) * share(i) for i in blocks)
+        scale = dict(self.recompute_scale).get(policy, 1.0)
+        return scale * sum((self.forward[i][0] + self.forward[i][1] * rows) * share(i)
+                           for i in blocks)
 
 
 def flop_shares(cfg: ModelConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -146,7 +151,8 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
     """Message latency and per-action overhead from live 1F1B steps on `cluster`; the
     all-reduce bandwidth from data-parallel steps (every rank a replica of the model). Each is
     the best of `rounds` runs: the planner predicts dedicated cores, and on shared ones the
-    other programs only ever add time."""
+    other programs only ever add time. Then one run per recomputation policy: how much its R
+    costs live against the model (`recompute_scale`)."""
     from dataclasses import replace
 
     from .memory import parameter_bytes
@@ -169,9 +175,21 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
         overhead.append(max(0.0, statistics.median(extra)))
         replicas = cluster.run(schedule("gpipe", ranks=1, microbatches=1), model=cfg,
                                batch_size=ranks, data_parallel=ranks, check=False, progress=False)
-        reduce.append(statistics.median(e.duration for e in replicas.timeline.comm_events()))
-    return replace(cal, latency=min(latency), overhead=min(overhead),
-                   bandwidth=moved / max(min(reduce) - min(latency), 1e-9))
+        reduce.append(replicas.reduction_transfer()[0])      # not the wait for the slowest
+    cal = replace(cal, latency=min(latency), overhead=min(overhead),
+                  bandwidth=moved / max(min(reduce) - min(latency), 1e-9))
+    scale = []                                   # each policy's R, measured against the model
+    for policy in ("selective", "full", "every-k"):
+        res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,
+                          partition=bounds, batch_size=m * rows, check=False, progress=False,
+                          recompute=policy)
+        ratios = [((e.cpu if e.cpu is not None else e.duration) - cal.overhead)
+                  / cal.recompute_time(*bounds[e.action.stage], rows, policy)
+                  for e in res.timeline.events if e.action.kind == "R"
+                  and cal.recompute_time(*bounds[e.action.stage], rows, policy) > 0]
+        if ratios:
+            scale.append((policy, max(1.0, statistics.median(ratios))))
+    return replace(cal, recompute_scale=tuple(scale))
 
 
 def _modelled(cal: Calibration, action, bounds, rows: int) -> float:
