@@ -145,3 +145,14 @@ def test_candidates_run_live_hold_exactly_the_predicted_bytes():
             row = plan_check.measure(c, p, cluster, steps=1)
             assert row["measured_activations"] == row["predicted_activations"], c.label()
             assert row["measured_peak"] == row["predicted_peak"], c.label()
+
+
+def test_calibrate_with_a_cluster_measures_the_runtime():
+    with pl.LocalCluster(ranks=2) as cluster:
+        cal = calibrate(CFG, rows=(1, 4), repeats=2, warmup=1, cluster=cluster, rounds=1)
+    assert 0 < cal.latency < 0.1 and cal.overhead >= 0 and cal.bandwidth > 0
+    scale = dict(cal.recompute_scale)
+    assert set(scale) == {"selective", "full", "every-k"} and min(scale.values()) >= 1.0
+    L = CFG.total_layers                      # the measured factor is applied to R's time
+    assert cal.recompute_time(0, L, 2, "full") == pytest.approx(
+        scale["full"] * cal.forward_time(1, L - 1, 2))
