@@ -1,5 +1,7 @@
 """The planner: budgets respected, ranking by predicted time, the byte and time models it uses
 checked against hand counts, and against a live run."""
+from dataclasses import replace
+
 import pytest
 
 import pipelab as pl
@@ -153,6 +155,8 @@ def test_calibrate_with_a_cluster_measures_the_runtime():
     assert 0 < cal.latency < 0.1 and cal.overhead >= 0 and cal.bandwidth > 0
     scale = dict(cal.recompute_scale)
     assert set(scale) == {"selective", "full", "every-k"} and min(scale.values()) >= 1.0
-    L = CFG.total_layers                      # the measured factor is applied to R's time
-    assert cal.recompute_time(0, L, 2, "full") == pytest.approx(
-        scale["full"] * cal.forward_time(1, L - 1, 2))
+    L = CFG.total_layers                      # a measured factor is applied to R's time
+    tripled = replace(synthetic(), recompute_scale=(("full", 3.0),))
+    assert tripled.recompute_time(0, L, 2, "full") == pytest.approx(
+        3 * tripled.forward_time(1, L - 1, 2))
+    assert tripled.recompute_time(0, L, 2, "selective") == synthetic().recompute_time(0, L, 2, "selective")
