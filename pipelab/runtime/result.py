@@ -249,8 +249,10 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
     return statistics.median(shares) if shares else None
 
 
-def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[float, float, dict]:
-    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error."""
+def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
+    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error
+    (over every copy of a parameter: `grads[name]` is a tensor, or a list of the copies that
+    weight replicas hold)."""
     model = ToyGPT(spec.cfg)
     inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len,
                                 generator=torch.Generator().manual_seed(spec.seed),
@@ -260,11 +262,21 @@ def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[floa
     errors = {}
     for name, p in model.named_parameters():
         ref = p.grad if p.grad is not None else torch.zeros_like(p)
-        got = grads.get(name)
-        if got is None:
+        copies = grads.get(name)
+        if isinstance(copies, torch.Tensor):
+            copies = [copies]                 # one copy, given as the tensor itself
+        if copies is None or not len(copies):
             raise RuntimeError(f"no rank returned a gradient for {name}")
-        errors[name] = ((got - ref).abs().max() / max(ref.abs().max().item(), 1e-12)).item()
+        scale = max(ref.abs().max().item(), 1e-12)
+        errors[name] = max(((got - ref).abs().max() / scale).item() for got in copies)
     return loss.item(), max(errors.values()), errors
+
+
+def _replicated_layers(spec: RunSpec) -> set[int]:
+    """Indices of the layers that weight replicas (routes.py) hold twice."""
+    from ..schedules.routes import replicas
+    return {layer for stages in replicas(spec.schedule).values()
+            for layer in range(*spec.bounds[stages[0]])}
 
 
 def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
@@ -275,10 +287,13 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     replicas = [[dict(reports[mesh.rank(p, d)], rank=p) for p in range(mesh.pp)]
                 for d in range(mesh.dp)]
     reports = replicas[0]
-    loss_ranks = [replica[sched.rank_of(sched.stages - 1)] for replica in replicas]
+    # The ranks computing a loss: one per route end (two routes: both ends of the pipeline).
+    ends = sorted({sched.rank_of(s) for s in sched.loss_stages()})
+    loss_ranks = [replica[r] for replica in replicas for r in ends]
     history = [sum(sum(lr["steps"][k]["losses"].values()) for lr in loss_ranks)
                / (sched.microbatches * mesh.dp) for k in range(last + 1)]
-    first = [lr["steps"][0]["losses"][mb] for lr in loss_ranks for mb in range(sched.microbatches)]
+    first = [{mb: loss for r in ends for mb, loss in replica[r]["steps"][0]["losses"].items()}[mb]
+             for replica in replicas for mb in range(sched.microbatches)]
     timelines = [_measured(spec, reports, k) for k in range(last + 1)]
     t0 = min(rep["steps"][last]["begin"] for replica in replicas for rep in replica)
     replica_timelines = [_measured(spec, replica, last, t0) for replica in replicas]
@@ -314,9 +329,16 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
     elif spec.check:
-        grads: dict[str, torch.Tensor] = {}     # a parameter split over ranks sums its shards
+        # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
+        # weight replica's part are each checked (after their sum, each must hold the whole
+        # batch's gradient).
+        replicated = _replicated_layers(spec)
+        grads: dict = {}
         for rep in reports:
             for name, g in (rep["grads"] or {}).items():
-                grads[name] = grads[name] + g if name in grads else g
+                if int(name.split(".")[1]) in replicated:
+                    grads.setdefault(name, []).append(g)
+                else:
+                    grads[name] = grads[name] + g if name in grads else g
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)
     return result
