@@ -24,6 +24,7 @@ from statistics import median
 from typing import Sequence
 
 from .schedules import SCHEDULES, schedule
+from .schedules.routes import weight_share
 from .simulate import Costs, simulate
 from .timeline import Timeline
 
@@ -35,14 +36,17 @@ RANK_KINDS = ("F", "I", "W", "B")
 def chunk_costs(rank_costs: Costs, sched) -> Costs:
     """Per-stage costs of `sched` from the costs of one rank's worth of layers.
 
-    A stage on a rank holding v stages costs 1/v of that rank's cost. `rank_costs` values are
-    one number, or one number per *rank* (a slow rank makes all its chunks slow); communication
-    and per-action measurements are kept as they are.
+    A stage on a rank holding v stages costs 1/v of that rank's cost — times 2 where every
+    stage has a weight replica (DualPipe, Chimera: a rank's two stages are two whole parts of
+    the model, each a rank's worth).
+    `rank_costs` values are one number, or one number per *rank* (a slow rank makes all its
+    chunks slow); communication, per-action measurements and `overlap` are kept as they are.
     """
     if not isinstance(rank_costs, Costs):
         raise ValueError(f"rank_costs must be a pl.Costs, got {type(rank_costs).__name__}")
     ranks, stages = sched.ranks, sched.stages
-    share = [1.0 / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
+    copies = stages / sched.model_slices      # 2 where every stage has a weight replica
+    share = [copies / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
 
     def scaled(kind: str, value):
         if value is None:
@@ -60,7 +64,7 @@ def chunk_costs(rank_costs: Costs, sched) -> Costs:
                  W=scaled("W", rank_costs.W), B=scaled("B", rank_costs.B),
                  comm=rank_costs.comm, per_action=rank_costs.per_action, unit=rank_costs.unit,
                  kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()},
-                 per=rank_costs.per)
+                 per=rank_costs.per, overlap=rank_costs.overlap)
 
 
 def simulate_named(name: str, ranks: int, microbatches: int, rank_costs: Costs | None = None,
@@ -193,6 +197,8 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
     - `bubble`: idle share of the makespan;
     - `peaks`: peak activations per rank, `peak` the largest, `peak_first` rank 0's (units of
       one microbatch's activations for a rank's worth of layers);
+    - `weights`: the weights the busiest rank holds, in units of a rank's worth of the model
+      (2 where every stage has a weight replica: DualPipe, Chimera);
     - `per_latency`: makespan per unit of message latency, how much longer the step gets when
       every message costs one more unit (makespan at comm + 1 minus makespan at comm): the
       number of messages on the critical path.
@@ -216,6 +222,7 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
         row.update(makespan=tl.makespan, span=longest_span(tl),
                    bubble=tl.bubble_fraction(), peaks=[peaks[r] for r in range(tl.ranks)],
                    peak=max(peaks.values()), peak_first=peaks[0],
+                   weights=max(weight_share(tl.schedule).values()),
                    per_latency=slow.makespan - tl.makespan, error=None)
         rows.append(row)
     return rows
@@ -224,14 +231,14 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
 def format_table(rows: list[dict], *, per_rank: bool = False) -> str:
     """`schedule_table` rows as aligned text; `per_rank` adds every rank's peak activations."""
     lines = [f"{'schedule':<18}{'v':>3}{'makespan':>10}{'span':>8}{'bubble':>9}{'peak':>7}"
-             f"{'rank 0':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
+             f"{'rank 0':>8}{'weights':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {r['error'][:60]}…)")
             continue
         lines.append(f"{r['name']:<18}{r['chunks']:>3}{r['makespan']:>10.4g}{r['span']:>8.4g}"
                      f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}"
-                     f"{r['per_latency']:>7.4g}"
+                     f"{r['weights']:>7.3g}×{r['per_latency']:>7.4g}"
                      + ("   " + " ".join(f"{v:g}" for v in r["peaks"]) if per_rank else ""))
     return "\n".join(lines)
 

@@ -220,6 +220,9 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     stages_on = [0] * schedule.ranks
     for owner in schedule.placement:
         stages_on[owner] += 1
+    # A weight replica's stage is a whole part of the model (routes.py): a rank of v stages
+    # holding S parts' worth out of `stages` counts each forward as stages/S of 1/v.
+    stages_on = [v * schedule.model_slices / schedule.stages for v in stages_on]
     memory = _curves(*rows, np.array([effect.get(k, 0.0) for k in names]), stages_on)
     title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
                              if costs.per == "batch" else "")

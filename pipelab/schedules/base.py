@@ -223,12 +223,20 @@ class Schedule:
 
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
-                 microbatches: int | None = None, name: str | None = None) -> "Schedule":
+                 microbatches: int | None = None, name: str | None = None,
+                 routes: Sequence[Sequence[int]] | None = None,
+                 slices: Sequence[int] | None = None) -> "Schedule":
+        """Read one row per rank. The CSV holds only actions: a bidirectional schedule's
+        `routes` and `slices` (routes.py) are given here, as `placement` may be."""
         if not isinstance(path_or_text, (str, Path)):
             raise ValueError(f"from_csv takes a path or the CSV text as a str, got "
                              f"{type(path_or_text).__name__}")
         rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
-        return cls._from_rows(rows, placement, microbatches, name)
+        result = cls._from_rows(rows, placement, microbatches, name)
+        if routes is not None or slices is not None:
+            from dataclasses import replace
+            result = replace(result, routes=routes, slices=slices)
+        return result
 
     @classmethod
     def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":

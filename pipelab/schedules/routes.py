@@ -80,11 +80,12 @@ def replicas(schedule) -> dict[int, list[int]]:
     return {part: stages for part, stages in groups.items() if len(stages) > 1}
 
 
-def copies_per_rank(schedule) -> dict[int, int]:
-    """How many model parts each rank holds the weights of (1 per stage it owns)."""
-    out = {r: 0 for r in range(schedule.ranks)}
+def weight_share(schedule) -> dict[int, float]:
+    """The weights each rank holds, in units of a rank's worth of the model (1/p of it): 1 for
+    1F1B, ZB-V and DualPipeV, 2 for DualPipe and Chimera (two parts of p on every rank)."""
+    out = {r: 0.0 for r in range(schedule.ranks)}
     for rank in schedule.placement:
-        out[rank] += 1
+        out[rank] += schedule.ranks / schedule.model_slices
     return out
 
 
