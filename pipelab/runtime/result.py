@@ -51,6 +51,9 @@ class RunResult:
     # Per pipeline rank, each action of the last step with the peak of live activation bytes
     # while it ran (what it materialised included, even if it freed it by its end).
     action_peaks: dict[int, list[tuple[Action, int]]] = field(default_factory=dict)
+    # Bytes of weights each pipeline rank built (replica 0): twice a rank's share where every
+    # stage has a weight replica (DualPipe, Chimera).
+    rank_parameter_bytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def mesh(self):
@@ -324,7 +327,9 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                        process_timelines=process_timelines,
                        action_peaks={rep["rank"]: [(a[1], peak) for a, peak in zip(
                            rep["steps"][last]["actions"], rep["steps"][last]["action_peaks"])]
-                           for rep in reports})
+                           for rep in reports},
+                       rank_parameter_bytes={rep["rank"]: rep.get("parameter_bytes", 0)
+                                             for rep in reports})
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
