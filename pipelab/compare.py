@@ -219,7 +219,7 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
             continue
         slow = simulate_named(name, ranks, microbatches, slower, i_frees=i_frees, **opts)
         peaks = tl.peak_activations()
-        row.update(makespan=tl.makespan, span=longest_span(tl),
+        row.update(chunks=tl.schedule.chunks, makespan=tl.makespan, span=longest_span(tl),
                    bubble=tl.bubble_fraction(), peaks=[peaks[r] for r in range(tl.ranks)],
                    peak=max(peaks.values()), peak_first=peaks[0],
                    weights=max(weight_share(tl.schedule).values()),

@@ -9,6 +9,7 @@ import torch
 from ..data import get_batch
 from ..model import ToyGPT
 from ..parallel.data_parallel import REDUCE
+from ..schedules.kinds import KIND_SPECS
 from ..simulate import Costs, simulate
 from ..timeline import Event, Timeline
 from ..schedules.actions import Action
@@ -212,6 +213,25 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
                     memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
 
 
+def _collectives_own_time(reports: list[dict]) -> None:
+    """A collective's CPU figure becomes its own time: from the moment its *last* member
+    launched it to its end on each rank. (Its measured span also holds the wait for the other
+    members, which the replay and the cost fit must not charge twice: the simulator already
+    starts a collective when every member has reached it.) Start and end are left as measured."""
+    for k in range(len(reports[0]["steps"])):
+        latest: dict = {}
+        for rep in reports:
+            for _i, item, _w, start, _e, _c, _m in rep["steps"][k]["actions"]:
+                if KIND_SPECS[item.parts[0].kind].collective:
+                    latest[item] = max(latest.get(item, start), start)
+        if not latest:
+            continue
+        for rep in reports:
+            rep["steps"][k]["actions"] = [
+                (i, item, w, start, end, max(end - latest[item], 0.0) if item in latest else cpu, mem)
+                for i, item, w, start, end, cpu, mem in rep["steps"][k]["actions"]]
+
+
 def _latency(reports: list[dict], k: int) -> float:
     """Median time from a producer's end to the arrival at a receiver that was already waiting."""
     ended = {part: end for rep in reports for _i, item, _w, _s, end, _c, _m in rep["steps"][k]["actions"]
@@ -290,6 +310,7 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     replicas = [[dict(reports[mesh.rank(p, d)], rank=p) for p in range(mesh.pp)]
                 for d in range(mesh.dp)]
     reports = replicas[0]
+    _collectives_own_time(reports)
     # The ranks computing a loss: one per route end (two routes: both ends of the pipeline).
     ends = sorted({sched.rank_of(s) for s in sched.loss_stages()})
     loss_ranks = [replica[r] for replica in replicas for r in ends]
