@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .compare import schedule_table, simulate_named
+from .compare import schedule_table
 from .simulate import Costs
 
 #: The schedules chapter 06 compares: one direction, zero bubble, and the two directions.
@@ -77,13 +77,8 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
     do with a compound F&B step); the schedule against 1F1B on the same model, simulated, with
     its worst rank's idle time next to DeepSeek's or Chimera's closed form."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from . import ui
-    from .compare import _slider_box
-    from .plots import compare as compare_plot
-
-    def slider(value, description, lo=0.25, hi=3.0, step=0.25):
-        return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
+    from .compare import _slider_box, against_1f1b, cost_slider as slider
 
     controls = {
         "name": ui.control(w.Dropdown, "schedule", options=["chimera", "dualpipe", "dualpipe-v"],
@@ -100,14 +95,10 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
 
     def draw(name, ranks, microbatches, F, I, W, comm, overlap):  # noqa: E741
         costs = Costs(F=F, I=I, W=W, comm=comm, overlap=0.0 if overlap else None)
-        try:
-            base = simulate_named("1f1b", ranks, microbatches, costs)
-            tl = simulate_named(name, ranks, microbatches, costs)
-        except ValueError as error:
-            print(f"refused: {error}")
+        drawn = against_1f1b(name, ranks, microbatches, costs, memory=True)
+        if drawn is None:
             return
-        compare_plot([base, tl], titles=["1F1B", name], memory=True)
-        plt.show()
+        base, tl = drawn
         print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
               f"idle time of the worst rank {worst_idle(tl):.4g} (1F1B {worst_idle(base):.4g})"
               + (" — pairs overlapped, as on a GPU (a model, not a measurement)" if overlap

@@ -427,17 +427,37 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
 ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
 
 
+def cost_slider(value: float, description: str, lo: float = 0.25, hi: float = 3.0,
+                step: float = 0.25):
+    """A float slider for one entry of a cost table (F, I, W, a message's cost)."""
+    from . import ui
+    return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
+
+
+def against_1f1b(name: str, ranks: int, microbatches: int, costs: Costs, memory: bool = False):
+    """An explorer's picture: the schedule and 1F1B simulated for the same model and drawn
+    one above the other; (1F1B's timeline, the schedule's), or None (one line printed) when
+    the schedule refuses these settings."""
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    try:
+        base = simulate_named("1f1b", ranks, microbatches, costs)
+        tl = simulate_named(name, ranks, microbatches, costs)
+    except ValueError as error:
+        print(f"refused: {error}")
+        return None
+    compare_plot([base, tl], titles=["1F1B", name], memory=memory)
+    plt.show()
+    return base, tl
+
+
 def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microbatches: int = 8):
     """Sliders for F : I : W and the communication cost: the chosen schedule against 1F1B,
     simulated for the same model (Gantt and memory), with the per-rank span and the wall-clock
     makespan both printed."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from . import ui
-    from .plots import compare as compare_plot
-
-    def slider(value, description, lo=0.25, hi=3.0, step=0.25):
-        return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
+    slider = cost_slider
 
     controls = {
         "name": ui.control(w.Dropdown, "schedule", options=list(names),
@@ -450,15 +470,10 @@ def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microb
     }
 
     def draw(name, ranks, microbatches, F, I, W, comm):  # noqa: E741
-        costs = Costs(F=F, I=I, W=W, comm=comm)
-        try:
-            base = simulate_named("1f1b", ranks, microbatches, costs)
-            tl = simulate_named(name, ranks, microbatches, costs)
-        except ValueError as error:
-            print(f"refused: {error}")
+        drawn = against_1f1b(name, ranks, microbatches, Costs(F=F, I=I, W=W, comm=comm))
+        if drawn is None:
             return
-        compare_plot([base, tl], titles=["1F1B", name], memory=False)
-        plt.show()
+        base, tl = drawn
         peaks = tl.peak_activations()
         print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
               f"longest per-rank span {longest_span(tl):.4g}; "

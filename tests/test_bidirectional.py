@@ -202,3 +202,22 @@ def test_gradients_match_the_unsplit_model(clusters, name, ranks, microbatches):
     # Weights built per rank: a replica stage costs its part's bytes again.
     model_bytes = sum(p.numel() * 4 for p in pl.ToyGPT(CFG).parameters())
     assert sum(res.rank_parameter_bytes.values()) == weight_copies(sched) * model_bytes
+
+
+def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import bidirectional as bidir
+    box = bidir.bidirectional_explorer(ranks=4, microbatches=8)
+    capsys.readouterr()
+    box.controls["overlap"].value = True
+    text = capsys.readouterr().out
+    assert "idle time of the worst rank 1 (1F1B 9)" in text and "PP = 4: 1 " in text
+    box.controls["overlap"].value = False
+    text = capsys.readouterr().out
+    assert "idle time of the worst rank 2 (1F1B 9)" in text and "PP = 4: 2 " in text
+    box.controls["name"].value = "dualpipe-v"
+    box.controls["microbatches"].value = 6                 # below 2p: refused, one line
+    assert "refused: dualpipe-v needs microbatches >= 2*ranks = 8" in capsys.readouterr().out
+    plt.close("all")
