@@ -221,3 +221,12 @@ def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form(capsy
     box.controls["microbatches"].value = 6                 # below 2p: refused, one line
     assert "refused: dualpipe-v needs microbatches >= 2*ranks = 8" in capsys.readouterr().out
     plt.close("all")
+
+
+def test_recomputation_keeps_the_routes_and_stays_exact(clusters):
+    """A transform that rebuilds the schedule (here: R before every backward) keeps its routes
+    and replicas, so a bidirectional schedule recomputes and still matches the unsplit model."""
+    sched = pl.schedule("dualpipe", ranks=2, microbatches=4)
+    res = clusters(2).run(sched, model=CFG, recompute="full", seed=2)
+    assert res.spec.schedule.routes == sched.routes and "R" in res.spec.schedule.kinds()
+    assert res.max_grad_error <= 1e-5, res.grad_errors

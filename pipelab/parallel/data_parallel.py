@@ -70,7 +70,8 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
             out += [reduction_of(s) for s in sorted(after.get(i, ()))]
         actions.append(out)
     result = Schedule(actions, schedule.placement, schedule.microbatches,
-                      name=f"{schedule.name} × dp {replicas}")
+                      name=f"{schedule.name} × dp {replicas}", routes=schedule.routes,
+                      slices=schedule.slices)
     result.data_parallel = replicas
     return result
 
