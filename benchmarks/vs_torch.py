@@ -1,12 +1,14 @@
 """pipelab's runtime side by side with torch.distributed.pipelining, on the same stages.
 
     python benchmarks/vs_torch.py [--steps 12] [--warmup 3] [--microbatches 8] [--ranks 2]
-                                  [--sizes compute,overhead] [--no-tables] [--profile]
+                                  [--sizes compute,overhead] [--schedules dualpipe-v,...]
+                                  [--no-tables] [--profile]
 
 For every schedule name in `pl.SCHEDULES` that has a torch peer (gpipe ↔ ScheduleGPipe, 1f1b ↔
 Schedule1F1B, interleaved-1f1b ↔ ScheduleInterleaved1F1B, looped-bfs ↔ ScheduleLoopedBFS,
 zb-v ↔ ScheduleZBVZeroBubble, zb-h1/zb-h2 ↔ ScheduleInterleavedZeroBubble where the stage
-placement matches), both runtimes run the same model split the same way (each stage is
+placement matches, dualpipe-v ↔ ScheduleDualPipeV: its overlapped pairs run one half after the
+other on a CPU in both runtimes), both runtimes run the same model split the same way (each stage is
 `pl.build_layers(cfg, start, stop)`, the same partition, batch and microbatches), alternately,
 in the *same* worker processes: ours through `cluster.run`, torch's through
 `cluster.call("pipelab.bench.torch_side:run_step", job)`. Ours runs with all its measuring on
@@ -63,10 +65,14 @@ def placement_style(sched: pl.Schedule) -> str | None:
     return None
 
 
-def pairs(ranks: int, microbatches: int, chunks: int) -> list[tuple[str, pl.Schedule, str, str]]:
-    """(name, our schedule, torch class, placement style) for every comparable schedule."""
+def pairs(ranks: int, microbatches: int, chunks: int,
+          only: list[str] | None = None) -> list[tuple[str, pl.Schedule, str, str]]:
+    """(name, our schedule, torch class, placement style) for every comparable schedule (or
+    those named in `only`)."""
     out = []
     for name, (torch_class, style) in TORCH_PEERS.items():
+        if only and name not in only:
+            continue
         if name not in pl.SCHEDULES:
             print(f"note: {name} ({torch_class}) skipped: pipelab has no '{name}' schedule yet")
             continue
@@ -221,6 +227,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--sizes", default="compute,overhead",
                         help=f"comma-separated, from: {', '.join(SIZES)}")
+    parser.add_argument("--schedules", default="",
+                        help=f"comma-separated, from: {', '.join(TORCH_PEERS)} (default: all)")
     parser.add_argument("--no-tables", action="store_true")
     parser.add_argument("--profile", action="store_true")
     args = parser.parse_args()
@@ -229,8 +237,12 @@ def main() -> None:
     unknown = [size for size in args.sizes.split(",") if size not in SIZES]
     if unknown:
         parser.error(f"--sizes: unknown size(s) {unknown}; choose from {', '.join(SIZES)}")
+    only = [name for name in args.schedules.split(",") if name]
+    unknown = [name for name in only if name not in TORCH_PEERS]
+    if unknown:
+        parser.error(f"--schedules: no torch peer for {unknown}; choose from {', '.join(TORCH_PEERS)}")
     load_before = os.getloadavg()
-    comparable = pairs(args.ranks, args.microbatches, args.chunks)
+    comparable = pairs(args.ranks, args.microbatches, args.chunks, only)
     results = {}
     with pl.LocalCluster(args.ranks, timeout=120) as cluster:
         print(f"{args.ranks} ranks pinned to cores {cluster.cores}, {args.microbatches} "

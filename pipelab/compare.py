@@ -24,6 +24,7 @@ from statistics import median
 from typing import Sequence
 
 from .schedules import SCHEDULES, schedule
+from .schedules.routes import weight_share
 from .simulate import Costs, simulate
 from .timeline import Timeline
 
@@ -35,14 +36,17 @@ RANK_KINDS = ("F", "I", "W", "B")
 def chunk_costs(rank_costs: Costs, sched) -> Costs:
     """Per-stage costs of `sched` from the costs of one rank's worth of layers.
 
-    A stage on a rank holding v stages costs 1/v of that rank's cost. `rank_costs` values are
-    one number, or one number per *rank* (a slow rank makes all its chunks slow); communication
-    and per-action measurements are kept as they are.
+    A stage on a rank holding v stages costs 1/v of that rank's cost — times 2 where every
+    stage has a weight replica (DualPipe, Chimera: a rank's two stages are two whole parts of
+    the model, each a rank's worth).
+    `rank_costs` values are one number, or one number per *rank* (a slow rank makes all its
+    chunks slow); communication, per-action measurements and `overlap` are kept as they are.
     """
     if not isinstance(rank_costs, Costs):
         raise ValueError(f"rank_costs must be a pl.Costs, got {type(rank_costs).__name__}")
     ranks, stages = sched.ranks, sched.stages
-    share = [1.0 / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
+    copies = stages / sched.model_slices      # 2 where every stage has a weight replica
+    share = [copies / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
 
     def scaled(kind: str, value):
         if value is None:
@@ -60,7 +64,7 @@ def chunk_costs(rank_costs: Costs, sched) -> Costs:
                  W=scaled("W", rank_costs.W), B=scaled("B", rank_costs.B),
                  comm=rank_costs.comm, per_action=rank_costs.per_action, unit=rank_costs.unit,
                  kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()},
-                 per=rank_costs.per)
+                 per=rank_costs.per, overlap=rank_costs.overlap)
 
 
 def simulate_named(name: str, ranks: int, microbatches: int, rank_costs: Costs | None = None,
@@ -193,6 +197,8 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
     - `bubble`: idle share of the makespan;
     - `peaks`: peak activations per rank, `peak` the largest, `peak_first` rank 0's (units of
       one microbatch's activations for a rank's worth of layers);
+    - `weights`: the weights the busiest rank holds, in units of a rank's worth of the model
+      (2 where every stage has a weight replica: DualPipe, Chimera);
     - `per_latency`: makespan per unit of message latency, how much longer the step gets when
       every message costs one more unit (makespan at comm + 1 minus makespan at comm): the
       number of messages on the critical path.
@@ -213,9 +219,10 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
             continue
         slow = simulate_named(name, ranks, microbatches, slower, i_frees=i_frees, **opts)
         peaks = tl.peak_activations()
-        row.update(makespan=tl.makespan, span=longest_span(tl),
+        row.update(chunks=tl.schedule.chunks, makespan=tl.makespan, span=longest_span(tl),
                    bubble=tl.bubble_fraction(), peaks=[peaks[r] for r in range(tl.ranks)],
                    peak=max(peaks.values()), peak_first=peaks[0],
+                   weights=max(weight_share(tl.schedule).values()),
                    per_latency=slow.makespan - tl.makespan, error=None)
         rows.append(row)
     return rows
@@ -224,14 +231,14 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
 def format_table(rows: list[dict], *, per_rank: bool = False) -> str:
     """`schedule_table` rows as aligned text; `per_rank` adds every rank's peak activations."""
     lines = [f"{'schedule':<18}{'v':>3}{'makespan':>10}{'span':>8}{'bubble':>9}{'peak':>7}"
-             f"{'rank 0':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
+             f"{'rank 0':>8}{'weights':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
     for r in rows:
         if r.get("error"):
             lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {r['error'][:60]}…)")
             continue
         lines.append(f"{r['name']:<18}{r['chunks']:>3}{r['makespan']:>10.4g}{r['span']:>8.4g}"
                      f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}"
-                     f"{r['per_latency']:>7.4g}"
+                     f"{r['weights']:>7.3g}×{r['per_latency']:>7.4g}"
                      + ("   " + " ".join(f"{v:g}" for v in r["peaks"]) if per_rank else ""))
     return "\n".join(lines)
 
@@ -420,17 +427,37 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
 ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
 
 
+def cost_slider(value: float, description: str, lo: float = 0.25, hi: float = 3.0,
+                step: float = 0.25):
+    """A float slider for one entry of a cost table (F, I, W, a message's cost)."""
+    from . import ui
+    return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
+
+
+def against_1f1b(name: str, ranks: int, microbatches: int, costs: Costs, memory: bool = False):
+    """An explorer's picture: the schedule and 1F1B simulated for the same model and drawn
+    one above the other; (1F1B's timeline, the schedule's), or None (one line printed) when
+    the schedule refuses these settings."""
+    import matplotlib.pyplot as plt
+    from .plots import compare as compare_plot
+    try:
+        base = simulate_named("1f1b", ranks, microbatches, costs)
+        tl = simulate_named(name, ranks, microbatches, costs)
+    except ValueError as error:
+        print(f"refused: {error}")
+        return None
+    compare_plot([base, tl], titles=["1F1B", name], memory=memory)
+    plt.show()
+    return base, tl
+
+
 def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microbatches: int = 8):
     """Sliders for F : I : W and the communication cost: the chosen schedule against 1F1B,
     simulated for the same model (Gantt and memory), with the per-rank span and the wall-clock
     makespan both printed."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from . import ui
-    from .plots import compare as compare_plot
-
-    def slider(value, description, lo=0.25, hi=3.0, step=0.25):
-        return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
+    slider = cost_slider
 
     controls = {
         "name": ui.control(w.Dropdown, "schedule", options=list(names),
@@ -443,15 +470,10 @@ def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microb
     }
 
     def draw(name, ranks, microbatches, F, I, W, comm):  # noqa: E741
-        costs = Costs(F=F, I=I, W=W, comm=comm)
-        try:
-            base = simulate_named("1f1b", ranks, microbatches, costs)
-            tl = simulate_named(name, ranks, microbatches, costs)
-        except ValueError as error:
-            print(f"refused: {error}")
+        drawn = against_1f1b(name, ranks, microbatches, Costs(F=F, I=I, W=W, comm=comm))
+        if drawn is None:
             return
-        compare_plot([base, tl], titles=["1F1B", name], memory=False)
-        plt.show()
+        base, tl = drawn
         peaks = tl.peak_activations()
         print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
               f"longest per-rank span {longest_span(tl):.4g}; "

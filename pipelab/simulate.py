@@ -44,7 +44,12 @@ class Costs:
     Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
     `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
     the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
-    2(n−1)/n · bytes / bandwidth + latency; or give `kinds={"AR": ...}` directly.
+    2(n−1)/n · bytes / bandwidth + latency; or give `kinds={"AR": ...}` directly. The replica
+    sum `G` (bidirectional schedules) costs the same over its two copies.
+
+    `overlap=None` (the default, and what our CPUs do): a compound step (DualPipe's F&B pair)
+    costs the sum of its parts. `overlap=x` says what a GPU would do — overlap the two — and
+    charges the longest part plus `x`: a model, stated as such, never a measurement here.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -59,6 +64,8 @@ class Costs:
     latency: float = 0.0                 # seconds added to each all-reduce
     parameter_bytes: Cost = 0.0          # bytes of gradients each stage reduces
     replicas: int | None = None          # data-parallel replicas (None: the schedule's)
+    overlap: float | None = None         # None: a compound's parts run one after the other
+    #   (a CPU); a number: they would overlap on a GPU, the step costing its longest part + this
 
     def __post_init__(self) -> None:
         if self.per not in ("microbatch", "batch"):
@@ -71,6 +78,8 @@ class Costs:
         self.comm = _checked("comm", self.comm, per_stage=False)
         self.latency = _checked("latency", self.latency, per_stage=False)
         self.parameter_bytes = _checked("parameter_bytes", self.parameter_bytes)
+        if self.overlap is not None:
+            self.overlap = _checked("overlap", self.overlap, per_stage=False)
         if not (isinstance(self.bandwidth, numbers.Real) and self.bandwidth > 0):
             raise ValueError(f"Costs.bandwidth must be a number of bytes/s > 0, got {self.bandwidth!r}")
         if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
@@ -128,13 +137,17 @@ class Costs:
         return _at_stage("parameter_bytes", self.parameter_bytes, stage)
 
     def duration(self, action, microbatches: int = 1) -> float:
-        """Time of one step: an action, or the sum of a compound's parts; with `per="batch"`,
-        its share 1/`microbatches` of the batch's cost."""
+        """Time of one step: an action, or a compound's parts one after the other (or, with
+        `overlap` set, overlapped: the longest part plus `overlap`); with `per="batch"`, its
+        share 1/`microbatches` of the batch's cost."""
         if self.per_action is not None and action in self.per_action:
             return self.per_action[action]
         share = 1.0 / microbatches if self.per == "batch" else 1.0
-        return sum(self.of(part[1], part[0]) * (share if _per_microbatch(part[1]) else 1.0)
-                   for part in action.parts)
+        times = [self.of(part[1], part[0]) * (share if _per_microbatch(part[1]) else 1.0)
+                 for part in action.parts]
+        if self.overlap is not None and len(times) > 1:
+            return max(times) + self.overlap
+        return sum(times)
 
 
 def _per_microbatch(kind: str) -> bool:
@@ -207,6 +220,9 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     stages_on = [0] * schedule.ranks
     for owner in schedule.placement:
         stages_on[owner] += 1
+    # A weight replica's stage is a whole part of the model (routes.py): a rank of v stages
+    # holding S parts' worth out of `stages` counts each forward as stages/S of 1/v.
+    stages_on = [v * schedule.model_slices / schedule.stages for v in stages_on]
     memory = _curves(*rows, np.array([effect.get(k, 0.0) for k in names]), stages_on)
     title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
                              if costs.per == "batch" else "")

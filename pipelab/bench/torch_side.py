@@ -33,6 +33,7 @@ TORCH_PEERS = {
     "zb-v": ("ScheduleZBVZeroBubble", "v"),
     "zb-h1": ("ScheduleInterleavedZeroBubble", "loop"),
     "zb-h2": ("ScheduleInterleavedZeroBubble", "loop"),
+    "dualpipe-v": ("ScheduleDualPipeV", "v"),
 }
 
 _BUILT: dict = {}          # shape key -> (modules, stages, schedule): one entry, the last shape
@@ -128,15 +129,26 @@ def run_step(job: dict) -> dict:
 
 
 def sched_actions(sched, rank: int) -> list[str]:
-    """This rank's compute actions (F, B, I, W) in torch's table, as strings like '1F3'."""
+    """This rank's compute steps (F, B, I, W, overlapped F+B pairs) in torch's table, as
+    strings like '1F3' or '0F3+3B1'."""
     order = getattr(sched, "pipeline_order", None) or {}
-    return [str(a) for a in order.get(rank, []) if a is not None
-            and a.computation_type.value in ("F", "B", "I", "W")]
+    return [_text(a) for a in order.get(rank, []) if _computes(a)]
+
+
+def _computes(action) -> bool:
+    return action is not None and action.computation_type.value in ("F", "B", "I", "W",
+                                                                     "OVERLAP_F_B")
+
+
+def _text(action) -> str:
+    """Our text for torch's action: `1F3`, or a pair `(0F3;3B1)OVERLAP_F_B` as `0F3+3B1`."""
+    parts = getattr(action, "sub_actions", None)
+    return "+".join(map(str, parts)) if parts else str(action)
 
 
 def torch_table(cls_name: str, ranks: int, microbatches: int, chunks: int = 1) -> list[list[str]]:
     """torch's private schedule table (`pipeline_order`), read without processes: per rank, its
-    compute actions as strings (torch's idle slots dropped).
+    compute steps as strings in our notation (torch's idle slots dropped).
 
     Built as torch's `_schedule_visualizer.get_schedule_ops` builds it, from mock stages, but
     without its check that multi-stage classes have two stages per rank: they also run with
@@ -153,5 +165,4 @@ def torch_table(cls_name: str, ranks: int, microbatches: int, chunks: int = 1) -
         order = cls(stage, microbatches).pipeline_order
     else:
         order = cls([stage] * chunks, microbatches).pipeline_order
-    return [[str(a) for a in order[rank] if a is not None
-             and a.computation_type.value in ("F", "B", "I", "W")] for rank in range(ranks)]
+    return [[_text(a) for a in order[rank] if _computes(a)] for rank in range(ranks)]

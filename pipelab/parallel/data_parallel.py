@@ -14,25 +14,13 @@ from __future__ import annotations
 
 from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
-from ..schedules.kinds import Input, gradient_passes, register_kind
-
-_new = tuple.__new__
-
-
-def allreduce_time(nbytes: float, replicas: int, bandwidth: float, latency: float = 0.0) -> float:
-    """Ring all-reduce of `nbytes` over `replicas` processes: 2(n−1)/n · bytes / bandwidth +
-    latency (every process sends and receives 2(n−1)/n of the buffer; nothing to do for n=1)."""
-    if replicas <= 1:
-        return 0.0
-    return 2.0 * (replicas - 1) / replicas * nbytes / bandwidth + latency
+from ..schedules.kinds import Input, register_kind
+from ..schedules.reductions import allreduce_time, gradient_inputs  # noqa: F401 - re-exported
 
 
 def _reduce_inputs(schedule, a: Action) -> list[Input]:
-    """Ordering edges to every gradient-producing pass of the stage: W where the backward is
-    split, else B. (The reduction reads the accumulated .grad, which is local state.)"""
-    kinds = gradient_passes(schedule)
-    return [_new(Input, ("grads", _new(Action, (a[0], kinds.get((a[0], mb), "B"), mb)), False))
-            for mb in range(schedule.microbatches)]
+    """Ordering edges to every gradient-producing pass of the stage (reductions.py)."""
+    return gradient_inputs(schedule, (a[0],))
 
 
 def _reduce_cost(costs, stage: int) -> float:
@@ -82,7 +70,8 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
             out += [reduction_of(s) for s in sorted(after.get(i, ()))]
         actions.append(out)
     result = Schedule(actions, schedule.placement, schedule.microbatches,
-                      name=f"{schedule.name} × dp {replicas}")
+                      name=f"{schedule.name} × dp {replicas}", routes=schedule.routes,
+                      slices=schedule.slices)
     result.data_parallel = replicas
     return result
 

@@ -1,4 +1,5 @@
-"""Runtime handlers of collective kinds: the data-parallel gradient all-reduce `AR`.
+"""Runtime handlers of gradient sums: the data-parallel all-reduce `AR` and the weight-replica
+sum `G` (schedules/reductions.py).
 
 `sAR` sums stage s's gradients over the replicas of its pipeline rank (its dp group). It is
 launched asynchronously (one flat buffer, one `all_reduce(async_op=True)`), so the rank goes on
@@ -13,7 +14,10 @@ import torch
 import torch.distributed as dist
 
 from ..schedules import Action
+from ..schedules.graph import members_of
+from ..schedules.reductions import REPLICA_SUM
 from .handlers import register_handler
+from .plugins import process_group
 from .stage import StepState
 
 
@@ -59,4 +63,17 @@ def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None
         return None                   # one replica: nothing to sum
     params = list(state.module(action.stage).parameters())
     state.in_flight.append(Reduction(action, params, state.dp_group))
+    return None
+
+
+@register_handler(REPLICA_SUM)
+def sum_replica_gradients(state: StepState, action: Action, inputs: dict) -> None:
+    """`sG`: sum this rank's copy of model part `slice_of(s)` with the other replicas' copies
+    (routes.py). Launched like `AR`, waited for at the end of the step."""
+    sched = state.schedule
+    part = sched.slice_of(action.stage)
+    params = [p for stage, module in state.stages.modules.items()
+              if sched.slice_of(stage) == part for p in module.parameters()]
+    group = process_group(members_of(sched, action))
+    state.in_flight.append(Reduction(action, params, group))
     return None

@@ -62,10 +62,13 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
-    holds_loss = sched.rank_of(sched.stages - 1) == pp and replica == 0
+    # The progress bar shows the loss of the first route's microbatches (all of them but on a
+    # bidirectional schedule).
+    holds_loss = sched.rank_of(sched.loss_stages()[0]) == pp and replica == 0
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
     report = {"rank": rank, "coords": (pp, replica), "pid": os.getpid(), "steps": [],
-              "grads": None}
+              "grads": None,
+              "parameter_bytes": sum(p.numel() * p.element_size() for p in params)}
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
         inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator,

@@ -69,7 +69,7 @@ def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     s, mb = a.stage, a.microbatch
     x, y = state.microbatches[mb]
     inp = inputs["x"].requires_grad_() if "x" in inputs else x
-    ends_in_loss = s == state.last_stage and state.loss_on_last_stage
+    ends_in_loss = s in state.last_stages and state.loss_on_last_stage
     with state.meter.saving():
         out = state.forward(s, mb, inp)
         if ends_in_loss:
@@ -87,7 +87,7 @@ def backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     inp, out = state.saved.pop((a.stage, a.microbatch))
     # The last stage's output is the scaled loss: its backward starts from 1, not a message.
     torch.autograd.backward(out, inputs.get("grad"))
-    return inp.grad if a.stage > 0 else None
+    return inp.grad if a.stage not in state.first_stages else None
 
 
 @register_handler("I")
@@ -99,7 +99,7 @@ def input_backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | 
     inp, out = state.saved.pop((s, mb))
     with state.weight_grads.deferring(s, mb):
         torch.autograd.backward(out, inputs.get("grad"))
-    return inp.grad if s > 0 else None
+    return inp.grad if s not in state.first_stages else None
 
 
 @register_handler("W")

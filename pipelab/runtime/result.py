@@ -9,6 +9,7 @@ import torch
 from ..data import get_batch
 from ..model import ToyGPT
 from ..parallel.data_parallel import REDUCE
+from ..schedules.kinds import KIND_SPECS
 from ..simulate import Costs, simulate
 from ..timeline import Event, Timeline
 from ..schedules.actions import Action
@@ -51,6 +52,9 @@ class RunResult:
     # Per pipeline rank, each action of the last step with the peak of live activation bytes
     # while it ran (what it materialised included, even if it freed it by its end).
     action_peaks: dict[int, list[tuple[Action, int]]] = field(default_factory=dict)
+    # Bytes of weights each pipeline rank built (replica 0): twice a rank's share where every
+    # stage has a weight replica (DualPipe, Chimera).
+    rank_parameter_bytes: dict[int, int] = field(default_factory=dict)
 
     @property
     def mesh(self):
@@ -209,6 +213,25 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
                     memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
 
 
+def _collectives_own_time(reports: list[dict]) -> None:
+    """A collective's CPU figure becomes its own time: from the moment its *last* member
+    launched it to its end on each rank. (Its measured span also holds the wait for the other
+    members, which the replay and the cost fit must not charge twice: the simulator already
+    starts a collective when every member has reached it.) Start and end are left as measured."""
+    for k in range(len(reports[0]["steps"])):
+        latest: dict = {}
+        for rep in reports:
+            for _i, item, _w, start, _e, _c, _m in rep["steps"][k]["actions"]:
+                if KIND_SPECS[item.parts[0].kind].collective:
+                    latest[item] = max(latest.get(item, start), start)
+        if not latest:
+            continue
+        for rep in reports:
+            rep["steps"][k]["actions"] = [
+                (i, item, w, start, end, max(end - latest[item], 0.0) if item in latest else cpu, mem)
+                for i, item, w, start, end, cpu, mem in rep["steps"][k]["actions"]]
+
+
 def _latency(reports: list[dict], k: int) -> float:
     """Median time from a producer's end to the arrival at a receiver that was already waiting."""
     ended = {part: end for rep in reports for _i, item, _w, _s, end, _c, _m in rep["steps"][k]["actions"]
@@ -249,8 +272,10 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
     return statistics.median(shares) if shares else None
 
 
-def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[float, float, dict]:
-    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error."""
+def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
+    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error
+    (over every copy of a parameter: `grads[name]` is a tensor, or a list of the copies that
+    weight replicas hold)."""
     model = ToyGPT(spec.cfg)
     inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len,
                                 generator=torch.Generator().manual_seed(spec.seed),
@@ -260,11 +285,21 @@ def reference_check(spec: RunSpec, grads: dict[str, torch.Tensor]) -> tuple[floa
     errors = {}
     for name, p in model.named_parameters():
         ref = p.grad if p.grad is not None else torch.zeros_like(p)
-        got = grads.get(name)
-        if got is None:
+        copies = grads.get(name)
+        if isinstance(copies, torch.Tensor):
+            copies = [copies]                 # one copy, given as the tensor itself
+        if copies is None or not len(copies):
             raise RuntimeError(f"no rank returned a gradient for {name}")
-        errors[name] = ((got - ref).abs().max() / max(ref.abs().max().item(), 1e-12)).item()
+        scale = max(ref.abs().max().item(), 1e-12)
+        errors[name] = max(((got - ref).abs().max() / scale).item() for got in copies)
     return loss.item(), max(errors.values()), errors
+
+
+def _replicated_layers(spec: RunSpec) -> set[int]:
+    """Indices of the layers that weight replicas (routes.py) hold twice."""
+    from ..schedules.routes import replicas
+    return {layer for stages in replicas(spec.schedule).values()
+            for layer in range(*spec.bounds[stages[0]])}
 
 
 def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
@@ -275,10 +310,14 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     replicas = [[dict(reports[mesh.rank(p, d)], rank=p) for p in range(mesh.pp)]
                 for d in range(mesh.dp)]
     reports = replicas[0]
-    loss_ranks = [replica[sched.rank_of(sched.stages - 1)] for replica in replicas]
+    _collectives_own_time(reports)
+    # The ranks computing a loss: one per route end (two routes: both ends of the pipeline).
+    ends = sorted({sched.rank_of(s) for s in sched.loss_stages()})
+    loss_ranks = [replica[r] for replica in replicas for r in ends]
     history = [sum(sum(lr["steps"][k]["losses"].values()) for lr in loss_ranks)
                / (sched.microbatches * mesh.dp) for k in range(last + 1)]
-    first = [lr["steps"][0]["losses"][mb] for lr in loss_ranks for mb in range(sched.microbatches)]
+    first = [{mb: loss for r in ends for mb, loss in replica[r]["steps"][0]["losses"].items()}[mb]
+             for replica in replicas for mb in range(sched.microbatches)]
     timelines = [_measured(spec, reports, k) for k in range(last + 1)]
     t0 = min(rep["steps"][last]["begin"] for replica in replicas for rep in replica)
     replica_timelines = [_measured(spec, replica, last, t0) for replica in replicas]
@@ -309,14 +348,23 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                        process_timelines=process_timelines,
                        action_peaks={rep["rank"]: [(a[1], peak) for a, peak in zip(
                            rep["steps"][last]["actions"], rep["steps"][last]["action_peaks"])]
-                           for rep in reports})
+                           for rep in reports},
+                       rank_parameter_bytes={rep["rank"]: rep.get("parameter_bytes", 0)
+                                             for rep in reports})
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
     elif spec.check:
-        grads: dict[str, torch.Tensor] = {}     # a parameter split over ranks sums its shards
+        # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
+        # weight replica's part are each checked (after their sum, each must hold the whole
+        # batch's gradient).
+        replicated = _replicated_layers(spec)
+        grads: dict = {}
         for rep in reports:
             for name, g in (rep["grads"] or {}).items():
-                grads[name] = grads[name] + g if name in grads else g
+                if int(name.split(".")[1]) in replicated:
+                    grads.setdefault(name, []).append(g)
+                else:
+                    grads[name] = grads[name] + g if name in grads else g
         result.reference_loss, result.max_grad_error, result.grad_errors = reference_check(spec, grads)
     return result

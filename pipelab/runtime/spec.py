@@ -25,6 +25,7 @@ class RunSpec:
     schedule: Schedule
     cfg: ModelConfig
     bounds: list[tuple[int, int]]        # [start, stop) of the flat layer list, per stage
+    #                                      (replicas of one model part have the same bounds)
     batch_size: int
     seed: int = 0                        # seeds the batches; weights come from cfg.seed
     steps: int = 1
@@ -78,8 +79,9 @@ def _bounds(cfg: ModelConfig, stages: int, partition,
     except (TypeError, ValueError) as err:
         raise ValueError(f"partition={partition!r}: {err}") from None
     if parts.stages != stages:
-        raise ValueError(f"partition has {parts.stages} stages but the schedule has {stages} "
-                         f"(ranks × chunks); use pl.partition(cfg, stages={stages}, ...)")
+        raise ValueError(f"partition has {parts.stages} stages but the schedule cuts the model "
+                         f"into {stages} (ranks × chunks, one per pair of weight replicas); use "
+                         f"pl.partition(cfg, stages={stages}, ...)")
     return [tuple(b) for b in parts.bounds], method
 
 
@@ -146,7 +148,9 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
-    bounds, method = _bounds(cfg, schedule.stages, partition, sharded)
+    bounds, method = _bounds(cfg, schedule.model_slices, partition, sharded)
+    # One entry per stage: weight replicas (routes.py) compute the same layers.
+    bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
     from ..recompute import prepare as prepare_recompute
     schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
     plugins = plugins_for(schedule)

@@ -77,7 +77,11 @@ class StepState:
         # counts storages, and views of one batch tensor would all count as the first one.
         self.microbatches = [(x.clone(), y.clone())
                              for x, y in split_microbatches(inputs, targets, self.m)]
-        self.last_stage = schedule.stages - 1
+        # Where each stage's route starts (reads tokens) and ends (computes the loss).
+        before, after = schedule.links()
+        self.first_stages = {s for s, b in enumerate(before) if b < 0}
+        self.last_stages = {s for s, a in enumerate(after) if a < 0}
+        self.last_stage = schedule.stages - 1          # the end of a one-route pipeline
         self.meter = meter
         self.saved: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]] = {}  # (s, mb) -> (in, out)
         # What each I leaves for its W (the Linears' inputs and output gradients), metered.

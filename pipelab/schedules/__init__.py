@@ -2,6 +2,7 @@
 communication and the generators."""
 from .actions import NO_MICROBATCH, Action, Compound
 from .kinds import KIND_SPECS, KINDS, Input, KindSpec, register_kind
+from . import reductions  # noqa: F401  (registers the replica sum G)
 from .comm import Step, Transfer, comm_plan
 from .placement import loop_placement, v_placement
 from .registry import SCHEDULES, register, schedule
@@ -10,7 +11,8 @@ from .graph import execution_order, timed_run
 from .validate import ScheduleError, validate
 
 # Generators register themselves on import.
-from . import gpipe, interleaved, one_f_one_b, pipedream, vocab, zero_bubble, zb_auto  # noqa: E402,F401
+from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream,  # noqa: E402,F401
+               vocab, zero_bubble, zb_auto)
 
 __all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
            "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",

@@ -26,19 +26,27 @@ class Schedule:
     placement: tuple[int, ...]           # placement[stage] = rank that owns the stage
     microbatches: int
     name: str = "custom"
+    # Where a microbatch goes (routes.py): each route is the stages a microbatch passes through,
+    # in order, and slices[stage] the part of the model a stage computes. None: one route
+    # through every stage, stage s computing part s. Two stages computing one part are weight
+    # replicas (DualPipe, Chimera) whose gradients the schedule must sum.
+    routes: tuple[tuple[int, ...], ...] | None = None
+    slices: tuple[int, ...] | None = None
     _index: dict = field(default=None, init=False, repr=False, compare=False)
     _checked: tuple = field(default=None, init=False, repr=False, compare=False)
-    # {(stage, mb): the update U whose weights that forward reads} (updates.py); None: the
-    # usual ones. A class attribute, not a field: set on the schedules that need it.
-    weight_source = None
+    _links: tuple = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         self.actions = [list(rank_actions) for rank_actions in self.actions]
         self.placement = tuple(self.placement)
+        if self.routes is not None:
+            self.routes = tuple(tuple(route) for route in self.routes)
+        if self.slices is not None:
+            self.slices = tuple(self.slices)
 
     def __getstate__(self) -> dict:
         # The caches are rebuilt on demand; shipping them to every worker would triple the message.
-        return {**self.__dict__, "_index": None, "_checked": None}
+        return {**self.__dict__, "_index": None, "_checked": None, "_links": None}
 
     # --- shape -------------------------------------------------------------------------------
     @property
@@ -59,6 +67,27 @@ class Schedule:
 
     def rank_of(self, stage: int) -> int:
         return self.placement[stage]
+
+    # --- routes and replicas (routes.py) ----------------------------------------------------
+    def links(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """(previous, next) stage of each stage on its route; -1 where the route starts / ends."""
+        if self._links is None or self._links[0] != (self.routes, len(self.placement)):
+            from .routes import route_links
+            self._links = ((self.routes, len(self.placement)), route_links(self))
+        return self._links[1]
+
+    def slice_of(self, stage: int) -> int:
+        """The part of the model `stage` computes (itself unless the schedule has replicas)."""
+        return stage if self.slices is None else self.slices[stage]
+
+    @property
+    def model_slices(self) -> int:
+        """How many parts the model is cut into (fewer than stages when stages are replicas)."""
+        return len(self.placement) if self.slices is None else max(self.slices) + 1
+
+    def loss_stages(self) -> list[int]:
+        """The stages that end a route (and compute the loss of its microbatches)."""
+        return [s for s, after in enumerate(self.links()[1]) if after < 0]
 
     def __len__(self) -> int:
         return sum(len(a) for a in self.actions)
@@ -126,6 +155,10 @@ class Schedule:
         """One line per rank, actions separated by spaces, after a header that pins the shape."""
         header = (f"# name={self.name} microbatches={self.microbatches} "
                   f"placement={','.join(map(str, self.placement))}")
+        if self.routes is not None:
+            header += " routes=" + ";".join(",".join(map(str, r)) for r in self.routes)
+        if self.slices is not None:
+            header += " slices=" + ",".join(map(str, self.slices))
         return "\n".join([header] + [" ".join(map(str, acts)) for acts in self.actions]) + "\n"
 
     @classmethod
@@ -142,6 +175,7 @@ class Schedule:
             raise ValueError(f"text must be a str (one line per rank), got {type(text).__name__}")
         rows: list[list[Action]] = []
         labels: list[int | None] = []
+        routing: dict = {}
         for number, raw in enumerate(text.splitlines(), 1):
             line = raw.strip()
             if line.startswith("#"):
@@ -152,6 +186,11 @@ class Schedule:
                         microbatches = int(meta["microbatches"])
                     if placement is None and "placement" in meta:
                         placement = [int(r) for r in meta["placement"].split(",")]
+                    if "routes" in meta:
+                        routing["routes"] = [[int(st) for st in route.split(",")]
+                                             for route in meta["routes"].split(";")]
+                    if "slices" in meta:
+                        routing["slices"] = [int(st) for st in meta["slices"].split(",")]
                 except ValueError:
                     raise ValueError(f"line {number}: cannot read the header {_clip(line)!r}: "
                                      f"expected microbatches=<int> placement=<int>,<int>,...") \
@@ -165,7 +204,11 @@ class Schedule:
                 label = _rank_label(head, number)
             rows.append(_parse_cells(line.replace(",", " ").split()))
             labels.append((label, number))
-        return cls._from_rows(_order_rows(rows, labels), placement, microbatches, name)
+        result = cls._from_rows(_order_rows(rows, labels), placement, microbatches, name)
+        if routing:
+            from dataclasses import replace
+            result = replace(result, **routing)
+        return result
 
     def to_csv(self, path: str | Path | None = None) -> str:
         """One row per rank, one cell per action (PyTorch's pipeline CSV layout)."""
@@ -180,12 +223,20 @@ class Schedule:
 
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
-                 microbatches: int | None = None, name: str | None = None) -> "Schedule":
+                 microbatches: int | None = None, name: str | None = None,
+                 routes: Sequence[Sequence[int]] | None = None,
+                 slices: Sequence[int] | None = None) -> "Schedule":
+        """Read one row per rank. The CSV holds only actions: a bidirectional schedule's
+        `routes` and `slices` (routes.py) are given here, as `placement` may be."""
         if not isinstance(path_or_text, (str, Path)):
             raise ValueError(f"from_csv takes a path or the CSV text as a str, got "
                              f"{type(path_or_text).__name__}")
         rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
-        return cls._from_rows(rows, placement, microbatches, name)
+        result = cls._from_rows(rows, placement, microbatches, name)
+        if routes is not None or slices is not None:
+            from dataclasses import replace
+            result = replace(result, routes=routes, slices=slices)
+        return result
 
     @classmethod
     def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":

@@ -104,27 +104,27 @@ def _index(schedule) -> dict:
 
 def _forward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
-    # A schedule that says which weight version each forward reads (updates.py) orders the
-    # forward after the update that made it.
-    weights = schedule.weight_source
-    made_by = weights.get((stage, mb)) if weights is not None else None
-    edges = [] if made_by is None else [_new(Input, ("weights", made_by, False))]
-    if stage == 0:       # the first stage reads the microbatch's tokens, unless fed
-        found = _index(schedule).get((EMBEDDED, 0, mb))
-        return ([_new(Input, ("x", found, True))] if found else []) + edges
-    found = _index(schedule).get((ACTIVATION, stage - 1, mb))
-    return [_new(Input, ("x", found or _new(Action, (stage - 1, "F", mb)), True))] + edges
+    before = schedule.links()[0][stage] if schedule.routes is not None else stage - 1
+    if before < 0:       # the first stage of a route reads the microbatch's tokens, unless fed
+        found = _index(schedule).get((EMBEDDED, stage, mb))
+        return [_new(Input, ("x", found, True))] if found else []
+    found = _index(schedule).get((ACTIVATION, before, mb))
+    return [_new(Input, ("x", found or _new(Action, (before, "F", mb)), True))]
 
 
 def _backward_inputs(schedule, a: Action) -> list[Input]:
     stage, _, mb = a
     own = _new(Input, ("saved", _index(schedule).get((SAVED, stage, mb))
                        or _new(Action, (stage, "F", mb)), False))
-    if stage == len(schedule.placement) - 1:   # starts from its loss, unless fed
+    if schedule.routes is not None:
+        after = schedule.links()[1][stage]
+    else:
+        after = -1 if stage == len(schedule.placement) - 1 else stage + 1
+    if after < 0:        # the last stage of a route starts from its loss, unless fed
         found = _index(schedule).get((OUTPUT_GRADIENT, stage, mb))
         return [own, _new(Input, ("grad", found, True))] if found else [own]
-    found = _index(schedule).get((INPUT_GRADIENT, stage + 1, mb))
-    return [own, _new(Input, ("grad", found or _new(Action, (stage + 1, "B", mb)), True))]
+    found = _index(schedule).get((INPUT_GRADIENT, after, mb))
+    return [own, _new(Input, ("grad", found or _new(Action, (after, "B", mb)), True))]
 
 
 def _weight_inputs(schedule, a: Action) -> list[Input]:

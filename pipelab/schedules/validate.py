@@ -16,6 +16,8 @@ from .actions import NO_MICROBATCH, Action
 from .gcpause import without_gc
 from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
 from .kinds import KIND_SPECS, KINDS
+from .reductions import REPLICA_SUM
+from .routes import replicas, route_of_stage, route_problem
 
 
 GRID_MAX_RANKS = 64      # an error message prints the grid only up to this many columns
@@ -40,9 +42,13 @@ class ScheduleError(ValueError):
 def validate(schedule) -> list:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
     _check_shape(schedule)
-    if not _plainly_sound(schedule):       # something to explain: the checks that say what
-        _check_actions(schedule)
+    # Routes and replicas always get the explaining checks (the bulk test knows one route).
+    if schedule.routes is not None or schedule.slices is not None \
+            or not _plainly_sound(schedule):       # something to explain: the checks that say what
+        where = _check_actions(schedule)
         _check_complete(schedule)
+        _check_compounds(schedule)
+        _check_replica_sums(schedule, where)
     try:
         return execution_order(schedule)
     except ScheduleError:
@@ -108,6 +114,10 @@ def _check_shape(s) -> None:
         shown = list(s.placement) if len(s.placement) <= 16 else \
             f"{list(s.placement[:16])[:-1]}, ...] ({len(s.placement)} stages)"
         raise ScheduleError(f"rank {idle[0]} owns no stage (placement {shown})")
+    if s.routes is not None or s.slices is not None:
+        problem = route_problem(s)
+        if problem:
+            raise ScheduleError(f"routes: {problem}", s)
 
 
 def _check_actions(s) -> dict[Action, tuple[int, int]]:
@@ -194,10 +204,13 @@ def _check_complete(s) -> None:
             for stage, kind, m in item:
                 if kind in _TRAINING:
                     kinds[(stage, m)] += kind
+    routing = _microbatch_routes(s, kinds)
     for stage in range(s.stages):
         rank = s.placement[stage]
         end = [(rank, len(s.actions[rank]))]
         for m in range(s.microbatches):
+            if routing is not None and routing[0][m] != routing[1][stage]:
+                continue                 # another route's microbatch: it never comes here
             has = kinds.get((stage, m), "")
             if has in _SOUND:
                 continue
@@ -216,6 +229,57 @@ def _check_complete(s) -> None:
                 missing = "W" if "I" in has else "I"
                 raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
                                     f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
+
+
+def _microbatch_routes(s, kinds: dict) -> tuple[list[int], list[int]] | None:
+    """With several routes: (each microbatch's route, each stage's route).
+    A microbatch that runs stages of two routes is an error; one that runs none takes route 0
+    (and is reported missing there)."""
+    if s.routes is None or len(s.routes) == 1:
+        return None
+    of_stage = route_of_stage(s)
+    chosen = [None] * s.microbatches
+    for (stage, m) in sorted(kinds):
+        route = of_stage[stage]
+        if chosen[m] is None:
+            chosen[m] = (route, stage)
+        elif chosen[m][0] != route:
+            raise ScheduleError(f"microbatch {m} runs on stage {chosen[m][1]} (route "
+                                f"{chosen[m][0]}) and stage {stage} (route {route}): a "
+                                f"microbatch follows one route", s)
+    return [0 if c is None else c[0] for c in chosen], of_stage
+
+
+def _check_compounds(s) -> None:
+    """The parts of a compound step run together (overlapped on a GPU): none may consume what
+    another part produces, or read state another part leaves (a B its own pair's F)."""
+    for rank, acts in enumerate(s.actions):
+        for index, item in enumerate(acts):
+            if type(item) is Action:
+                continue
+            for part in item:
+                for _name, need, _carries in KIND_SPECS[part.kind].inputs(s, part):
+                    if need in item:
+                        raise ScheduleError(
+                            f"{item} on rank {rank} pairs {part} with {need}, which it needs "
+                            f"first: the parts of a compound step run at the same time, so "
+                            f"they must be independent", s, [(rank, index)])
+
+
+def _check_replica_sums(s, where: dict) -> None:
+    """Every model part held by two stages (weight replicas) has its gradients summed (a
+    `G` action): without it each copy trains on half the batch and the copies drift apart."""
+    if s.slices is None:
+        return
+    for part, stages in replicas(s).items():
+        summed = [a for a in where if a[1] == REPLICA_SUM and s.slice_of(a[0]) == part]
+        if not summed:
+            ranks = sorted({s.placement[st] for st in stages})
+            raise ScheduleError(
+                f"model part {part} has weight replicas (stages {', '.join(map(str, stages))} "
+                f"on ranks {', '.join(map(str, ranks))}) whose gradients are never summed: add "
+                f"{stages[0]}{REPLICA_SUM} on each of those ranks, after their last backward",
+                s, [(r, len(s.actions[r])) for r in ranks])
 
 
 def _check_local_order(s, where: dict[Action, tuple[int, int]], graph: dict) -> None:
