@@ -1,0 +1,72 @@
+"""Tensor parallelism checked against the unsplit block, on the processes of a LocalCluster.
+
+    with pl.LocalCluster(ranks=2) as cluster:
+        report = check_block(cluster, cfg)     # {"output": 3e-8, "input grad": ..., ...}
+
+Every process builds the same block (layer 1 of the model), keeps its shard, runs a forward and
+a backward on the same input, and sends back its output, input gradient and shard gradients;
+the parent puts the shards together (`unshard`) and compares with the whole block run here.
+`deferred=True` runs the backward as I (weight GEMMs set aside) then W, as zero-bubble does.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..model import ModelConfig, build_layer
+from ..weight_grad import WeightGradStore
+from .tensor import TensorParallel, TensorParallelBlock, unshard
+
+
+def _input(cfg: ModelConfig, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(7)
+    x = torch.randn(rows, cfg.seq_len, cfg.d_model, generator=gen)
+    dy = torch.randn(rows, cfg.seq_len, cfg.d_model, generator=gen)
+    return x, dy
+
+
+def _run(block, x: torch.Tensor, dy: torch.Tensor, deferred: bool):
+    x = x.clone().requires_grad_()
+    y = block(x)
+    if deferred:
+        store = WeightGradStore()
+        with store.deferring(1, 0):
+            torch.autograd.backward(y, dy)
+        store.flush(1, 0)
+    else:
+        torch.autograd.backward(y, dy)
+    grads = {f"layers.1.{n}": p.grad.clone() for n, p in block.named_parameters()}
+    return y.detach(), x.grad, grads
+
+
+def shard_pass(cfg_dict: dict, deferred: bool = False) -> dict:
+    """On one process of the cluster (the whole world is the tensor-parallel group): this
+    shard's output, input gradient, parameter gradients and the all-reduces it timed."""
+    import torch.distributed as dist
+    cfg = ModelConfig(**cfg_dict)
+    tp = TensorParallel(dist.get_world_size(), dist.get_rank(), None)
+    block = TensorParallelBlock(build_layer(cfg, 1), tp)
+    x, dy = _input(cfg)
+    y, dx, grads = _run(block, x, dy, deferred)
+    return {"output": y, "input grad": dx, "grads": grads,
+            "all_reduces": [what for _s, _e, what in tp.log]}
+
+
+def compare(cfg: ModelConfig, shards: list[dict], deferred: bool = False) -> dict[str, float]:
+    """Max relative error of the shards' output, input gradient and (put together) parameter
+    gradients against the whole block; the processes' outputs must also agree exactly."""
+    x, dy = _input(cfg)
+    y, dx, grads = _run(build_layer(cfg, 1), x, dy, deferred)
+    whole = unshard([s["grads"] for s in shards])
+
+    def rel(got, ref):
+        return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+    errors = {"output": max(rel(s["output"], y) for s in shards),
+              "input grad": max(rel(s["input grad"], dx) for s in shards)}
+    errors.update({name: rel(whole[name], ref) for name, ref in grads.items()})
+    return errors
+
+
+def check_block(cluster, cfg: ModelConfig, deferred: bool = False) -> dict[str, float]:
+    """Run `shard_pass` on every process of `cluster` (its size is the split) and compare."""
+    shards = cluster.call("pipelab.parallel.tensor_check:shard_pass", cfg.as_dict(), deferred)
+    return compare(cfg, shards, deferred)
