@@ -24,8 +24,8 @@ def test_mesh_coordinates_round_trip_and_replica_zero_is_the_plain_pipeline():
     assert mesh.name(3) == "pp 1 / dp 1" and pl.Mesh(pp=2).name(1) == "rank 1"
     with pytest.raises(ValueError, match="outside"):
         mesh.rank(2, 0)
-    with pytest.raises(ValueError, match="tensor parallelism"):
-        pl.Mesh(pp=2, dp=1, tp=2)
+    with pytest.raises(ValueError, match="tp must be"):
+        pl.Mesh(pp=2, dp=1, tp=0)
 
 
 def test_each_stage_reduces_right_after_its_last_backward():

@@ -2,5 +2,9 @@
 expert and vocabulary parallelism)."""
 from .mesh import Mesh
 from .data_parallel import allreduce_time, reduction_of, with_data_parallel
+from .tensor import (ColumnParallelLinear, RowParallelLinear, TensorParallel,
+                     TensorParallelBlock, unshard)
 
-__all__ = ["Mesh", "allreduce_time", "reduction_of", "with_data_parallel"]
+__all__ = ["Mesh", "allreduce_time", "reduction_of", "with_data_parallel",
+           "ColumnParallelLinear", "RowParallelLinear", "TensorParallel", "TensorParallelBlock",
+           "unshard"]

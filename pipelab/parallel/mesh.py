@@ -5,10 +5,14 @@
     mesh.coords(3)         -> (1, 1, 0)
     mesh.dp_group(pp=1)    -> (1, 3) # the replicas of pipeline rank 1: they all-reduce gradients
 
-Replica d holds processes d·pp … d·pp + pp − 1, so a mesh with dp = 1 is the plain pipeline
-(process r is pipeline rank r) and every existing run keeps its rank numbers. Point-to-point
-goes along the pipeline axis only: from (pp=i, dp=d) to (pp=i±1, same dp). Tensor parallelism
-will add the innermost axis (tp = 1 for now): the numbering leaves room for it.
+    mesh = Mesh(pp=2, tp=2)          # 4 processes: each pipeline rank split over 2 (tensor parallel)
+    mesh.tp_group(pp=1)    -> (2, 3) # the shards of pipeline rank 1: they all-reduce activations
+
+Tensor parallelism is the innermost axis: the shards of one pipeline rank are neighbours
+(process (dp·pp + pp)·tp + tp). Replica d holds processes d·pp·tp … , so a mesh with dp = tp = 1
+is the plain pipeline (process r is pipeline rank r) and every existing run keeps its rank
+numbers. Point-to-point goes along the pipeline axis only: from (pp=i, dp=d, tp=t) to
+(pp=i±1, same dp, same tp): shard t of one stage talks to shard t of the next.
 """
 from __future__ import annotations
 
@@ -21,13 +25,12 @@ from ..checks import positive_int
 class Mesh:
     pp: int = 1          # pipeline ranks (the schedule's ranks)
     dp: int = 1          # data-parallel replicas of the whole pipeline
-    tp: int = 1          # tensor-parallel shards (1 until tensor parallelism arrives)
+    tp: int = 1          # tensor-parallel shards of each pipeline rank
 
     def __post_init__(self) -> None:
         positive_int("pp", self.pp)
         positive_int("dp", self.dp)
-        if self.tp != 1:
-            raise ValueError(f"tp={self.tp}: tensor parallelism is not implemented yet; use tp=1")
+        positive_int("tp", self.tp)
 
     @property
     def size(self) -> int:
@@ -50,23 +53,40 @@ class Mesh:
         return rest % self.pp, rest // self.pp, tp
 
     def name(self, rank: int) -> str:
-        """How messages name a process: "pp 1 / dp 0" (just "rank 1" on a plain pipeline)."""
-        pp, dp, _tp = self.coords(rank)
-        return f"rank {pp}" if self.dp == 1 else f"pp {pp} / dp {dp}"
+        """How messages name a process: "pp 1 / dp 0" (just "rank 1" on a plain pipeline),
+        with "/ tp 1" when the mesh has tensor parallelism."""
+        pp, dp, tp = self.coords(rank)
+        parts = [f"pp {pp}"] + [f"dp {dp}"] * (self.dp > 1) + [f"tp {tp}"] * (self.tp > 1)
+        return f"rank {pp}" if len(parts) == 1 else " / ".join(parts)
 
-    def dp_group(self, pp: int) -> tuple[int, ...]:
-        """The replicas of pipeline rank `pp`: the processes that sum its stages' gradients."""
-        return tuple(self.rank(pp, d) for d in range(self.dp))
+    def dp_group(self, pp: int, tp: int = 0) -> tuple[int, ...]:
+        """The replicas of pipeline rank `pp` (shard `tp`): the processes that sum its stages'
+        gradients."""
+        return tuple(self.rank(pp, d, tp) for d in range(self.dp))
 
-    def pipeline(self, dp: int) -> tuple[int, ...]:
-        """The processes of replica `dp`, in pipeline order."""
-        return tuple(self.rank(p, dp) for p in range(self.pp))
+    def tp_group(self, pp: int, dp: int = 0) -> tuple[int, ...]:
+        """The shards of pipeline rank `pp` in replica `dp`: they sum each block's activations
+        (forward) and input gradients (backward)."""
+        return tuple(self.rank(pp, dp, t) for t in range(self.tp))
+
+    def pipeline(self, dp: int, tp: int = 0) -> tuple[int, ...]:
+        """The processes of replica `dp` (shard `tp`), in pipeline order."""
+        return tuple(self.rank(p, dp, tp) for p in range(self.pp))
 
     def groups(self) -> dict[str, tuple[int, ...]]:
         """Every named process group of the mesh, in the one order all processes create them:
-        "dp 0" … (the replicas of each pipeline rank), then "pipeline 0" … (each replica)."""
-        named = {f"dp {p}": self.dp_group(p) for p in range(self.pp)}
-        named.update({f"pipeline {d}": self.pipeline(d) for d in range(self.dp)})
+        "dp 0" … (the replicas of each pipeline rank and shard), "pipeline 0" … (each replica
+        and shard), then "tp 0 / dp 0" … (the shards of each pipeline rank and replica). With
+        tp = 1 the names are the pp × dp mesh's."""
+        def tag(t: int) -> str:
+            return f" / tp {t}" if self.tp > 1 else ""
+        named = {f"dp {p}{tag(t)}": self.dp_group(p, t)
+                 for t in range(self.tp) for p in range(self.pp)}
+        named.update({f"pipeline {d}{tag(t)}": self.pipeline(d, t)
+                      for t in range(self.tp) for d in range(self.dp)})
+        if self.tp > 1:
+            named.update({f"tp {p} / dp {d}": self.tp_group(p, d)
+                          for d in range(self.dp) for p in range(self.pp)})
         return named
 
     def peer(self, rank: int, pp: int) -> int:

@@ -111,7 +111,8 @@ class LocalCluster:
     def run(self, schedule, model=None, partition=None, *, seed: int = 0,
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
-            data_parallel: int = 1, recompute=None, _inject: dict | None = None) -> RunResult:
+            data_parallel: int = 1, tensor_parallel: int = 1, recompute=None,
+            _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
         model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
@@ -127,6 +128,9 @@ class LocalCluster:
         recompute: activation recomputation, "none" (default), "full", "selective" or
             "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
             actions are added before each backward that needs one (recompute.py).
+        tensor_parallel: shards of each pipeline rank (Megatron tensor parallelism,
+            parallel/tensor.py): every block is split over that many processes, which sum
+            activations and input gradients with all-reduces (`Tp` events on the timeline).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         """
@@ -134,7 +138,7 @@ class LocalCluster:
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
-                           recompute=recompute)
+                           tensor_parallel=tensor_parallel, recompute=recompute)
         self.start()
         began = time.perf_counter()
         try:
@@ -208,7 +212,7 @@ class LocalCluster:
                 if active and all(now - s.since > timeout for s in active):
                     plan = plan or comm_plan(spec.schedule)
                     error = diagnose(states, spec.schedule, plan, timeout, now, sent) \
-                        if spec.data_parallel == 1 else \
+                        if spec.mesh.size == spec.schedule.ranks else \
                         diagnose_mesh(states, spec, plan, timeout, now)
                     if error is not None:
                         raise error
@@ -242,7 +246,7 @@ class LocalCluster:
             self._pool.check_alive()
         except WorkerError as err:
             where, action = self._where(err.rank, spec)
-            who = "" if spec.data_parallel == 1 else f" ({spec.mesh.name(err.rank)})"
+            who = "" if spec.mesh.size == spec.schedule.ranks else f" ({spec.mesh.name(err.rank)})"
             raise WorkerError(f"{err}{who}{where}; the other workers were stopped and the next run "
                               f"starts fresh ones", err.rank, action,
                               exitcode=err.exitcode) from None
@@ -250,6 +254,6 @@ class LocalCluster:
 
 def _who(rank: int, spec) -> str:
     """"rank 1", or on a mesh "pp 1 / dp 0 (process 1)"."""
-    if spec.data_parallel == 1:
+    if spec.mesh.size == spec.schedule.ranks:
         return f"rank {rank}"
     return f"{spec.mesh.name(rank)} (process {rank})"

@@ -33,6 +33,7 @@ from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
 from .stage import RankStages, StepState
+from ..parallel.tensor import TensorParallel
 
 
 def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
@@ -50,24 +51,26 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     board.set(rank, 0, 0, SETUP)
     import_plugins(spec.plugins)       # kinds and handlers defined outside pipelab
     sched, mesh = spec.schedule, spec.mesh
-    pp, replica, _tp = mesh.coords(rank)
-    plan = _in_replica(comm_plan(sched)[pp], mesh, replica)
+    pp, replica, shard = mesh.coords(rank)
+    plan = _in_replica(comm_plan(sched)[pp], mesh, replica, shard)
     wiring = _wiring(spec, plan)
     for members in collective_groups(sched):     # every rank makes every group, in one order
         process_group(members)
-    if mesh.dp > 1:
+    if mesh.dp > 1 or mesh.tp > 1:
         for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
             process_group(members)
-    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp))
+    tp = TensorParallel(mesh.tp, shard, process_group(mesh.tp_group(pp, replica))) \
+        if mesh.tp > 1 else None
+    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), tp)
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
     # bidirectional schedule).
-    holds_loss = sched.rank_of(sched.loss_stages()[0]) == pp and replica == 0
+    holds_loss = sched.rank_of(sched.loss_stages()[0]) == pp and replica == 0 and shard == 0
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
-    report = {"rank": rank, "coords": (pp, replica), "pid": os.getpid(), "steps": [],
-              "grads": None,
+    report = {"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
+              "steps": [], "grads": None,
               "parameter_bytes": sum(p.numel() * p.element_size() for p in params)}
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
@@ -78,7 +81,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         meter = ActivationMeter(params)
         state = StepState(sched, stages, inputs, targets, meter)
         state.replicas = mesh.dp
-        state.dp_group = process_group(mesh.dp_group(pp)) if mesh.dp > 1 else None
+        state.dp_group = process_group(mesh.dp_group(pp, shard)) if mesh.dp > 1 else None
         state.versions = weight_versions(spec, stages, meter)
         if spec.recompute:
             state.recompute = recompute.Recomputer(
@@ -124,14 +127,16 @@ def warm_up() -> None:
     torch.autograd.backward(hidden, torch.ones_like(hidden))
 
 
-def _in_replica(plan, mesh, replica: int):
-    """The plan of one pipeline rank with its messages addressed to processes of `replica`."""
-    if mesh.dp == 1:
+def _in_replica(plan, mesh, replica: int, shard: int = 0):
+    """The plan of one pipeline rank with its messages addressed to processes of `replica`
+    (and of the same tensor-parallel `shard`: shard t of a stage talks to shard t of the next)."""
+    if mesh.dp == 1 and mesh.tp == 1:
         return plan
     from dataclasses import replace
     out = []
     for step in plan:
-        moved = {t: replace(t, src=mesh.rank(t.src, replica), dst=mesh.rank(t.dst, replica))
+        moved = {t: replace(t, src=mesh.rank(t.src, replica, shard),
+                            dst=mesh.rank(t.dst, replica, shard))
                  for t in step.recv + step.send}
         out.append(replace(step, recv=[moved[t] for t in step.recv],
                            send=[moved[t] for t in step.send]))
@@ -174,6 +179,9 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
     if spec.inject_replica is not None and spec.mesh.coords(rank)[1] != spec.inject_replica:
         stall = fail = drop = lag = None
     reductions = state.in_flight
+    tp_log = state.stages.tp.log        # the tensor-parallel all-reduces, timed as they run
+    tp_log.clear()
+    tp_events = []
     clock, cpu_clock = time.perf_counter, time.thread_time
     actions, recvs, sends, pending, peaks = [], [], [], [], []
     meter = state.meter
@@ -202,7 +210,10 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         for part, run, sources in wiring[i][1]:
             inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
                       for name, (where, key) in sources}
+            logged = len(tp_log)
             out = run(state, part, inputs)
+            if len(tp_log) > logged:
+                tp_events += [(part, *entry) for entry in tp_log[logged:]]
             # The compute ends here, before any send is posted: a posted send can reach a
             # waiting receiver at once, and a clock read after posting could fall after the
             # receiver's start (a preempted sender), putting a consumer "before" its producer.
@@ -237,7 +248,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
     return {"begin": begin, "actions": actions, "recvs": recvs, "sends": sends,
             "memory": memory,
             "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
-            "action_peaks": peaks,
+            "action_peaks": peaks, "tp": tp_events,
             "send_peak": state.meter.sending_peak}
 
 

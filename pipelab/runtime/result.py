@@ -9,6 +9,7 @@ import torch
 from ..data import get_batch
 from ..model import ToyGPT
 from ..parallel.data_parallel import REDUCE
+from ..parallel.tensor import TP_REDUCE, unshard
 from ..schedules.kinds import KIND_SPECS
 from ..simulate import Costs, simulate
 from ..timeline import Event, Timeline
@@ -208,6 +209,10 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
         step = rep["steps"][k]
         events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
                    for _i, a, _w, start, end, cpu, _mem in step["actions"]]
+        # Tensor-parallel all-reduces, on the communication lane: one event each.
+        events += [Event(rep["rank"], Action(part.stage, TP_REDUCE, part.microbatch),
+                         start - t0, end - t0, end - start)
+                   for part, start, end, _what in step.get("tp", ())]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
     return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
                     memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
@@ -305,6 +310,7 @@ def _replicated_layers(spec: RunSpec) -> set[int]:
 def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
     """Build the RunResult from every rank's report (sorted by rank)."""
     reports = sorted(reports, key=lambda rep: rep["rank"])
+    every = reports
     mesh, sched, last = spec.mesh, spec.schedule, len(reports[0]["steps"]) - 1
     # Per replica, its processes as pipeline ranks 0..pp-1 (the view every metric reads).
     replicas = [[dict(reports[mesh.rank(p, d)], rank=p) for p in range(mesh.pp)]
@@ -357,11 +363,12 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     elif spec.check:
         # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
         # weight replica's part are each checked (after their sum, each must hold the whole
-        # batch's gradient).
+        # batch's gradient). A pipeline rank's tensor-parallel shards are put together first.
         replicated = _replicated_layers(spec)
         grads: dict = {}
-        for rep in reports:
-            for name, g in (rep["grads"] or {}).items():
+        for p in range(mesh.pp):
+            mine = unshard([every[mesh.rank(p, 0, t)]["grads"] or {} for t in range(mesh.tp)])
+            for name, g in mine.items():
                 if int(name.split(".")[1]) in replicated:
                     grads.setdefault(name, []).append(g)
                 else:

@@ -37,11 +37,12 @@ class RunSpec:
     data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
     inject_replica: int | None = None    # test hook: inject only into this replica
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
+    tensor_parallel: int = 1             # shards of each pipeline rank (parallel/tensor.py)
 
     @property
     def mesh(self):
         from ..parallel.mesh import Mesh
-        return Mesh(pp=self.schedule.ranks, dp=self.data_parallel)
+        return Mesh(pp=self.schedule.ranks, dp=self.data_parallel, tp=self.tensor_parallel)
 
     @property
     def rows_per_replica(self) -> int:
@@ -106,23 +107,29 @@ def _injections(schedule: Schedule, inject,
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
-                recompute=None) -> RunSpec:
+                recompute=None, tensor_parallel: int = 1) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
-    replicas. With data_parallel > 1 each stage's gradient all-reduce is inserted into the
+    replicas × `tensor_parallel` shards. With data_parallel > 1 each stage's gradient all-reduce is inserted into the
     schedule (`with_data_parallel`) unless it already has them."""
     from ..parallel.data_parallel import has_reductions, with_data_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
     dp = positive_int("data_parallel", data_parallel)
+    tp = positive_int("tensor_parallel", tensor_parallel)
     schedule.validate()
+    if tp > 1 and schedule.ranks * dp * tp != ranks:
+        raise ValueError(
+            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas × {tp} "
+            f"tensor-parallel shards = {schedule.ranks * dp * tp} processes, but the cluster has "
+            f"{ranks}: use LocalCluster(ranks={schedule.ranks * dp * tp})")
     if dp > 1:
         if any(KIND_SPECS[kind].collective for kind in schedule.kinds()):
             raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
                              "(members=...) is not supported yet: run it with data_parallel=1")
-        if schedule.ranks * dp != ranks:
+        if schedule.ranks * dp * tp != ranks:
             raise ValueError(
                 f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas = "
                 f"{schedule.ranks * dp} processes, but the cluster has {ranks}: use "
@@ -131,7 +138,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         if not has_reductions(schedule):
             schedule = with_data_parallel(schedule, dp)
             schedule.validate()
-    elif schedule.ranks != ranks:
+    elif tp == 1 and schedule.ranks != ranks:
         raise ValueError(f"schedule has {schedule.ranks} ranks but the cluster has {ranks}: "
                          f"build the schedule with ranks={ranks} or use LocalCluster(ranks="
                          f"{schedule.ranks})")
@@ -148,6 +155,9 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
+    if tp > 1:
+        from ..parallel.tensor import check_divisible
+        check_divisible(cfg.n_heads, cfg.ffn_width, tp)
     bounds, method = _bounds(cfg, schedule.model_slices, partition, sharded)
     # One entry per stage: weight replicas (routes.py) compute the same layers.
     bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
@@ -171,5 +181,5 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica, policies)
+                   method, injections, plugins, dp, replica, policies, tp)
 

@@ -19,9 +19,12 @@ from ..weight_grad import WeightGradStore
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
-    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
+    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
+                 tp=None):
+        from ..parallel.tensor import TensorParallel, shard_layers
         self.bounds = bounds
-        self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        self.tp = tp or TensorParallel()      # this process's tensor-parallel shard (or whole)
+        self.modules = {s: shard_layers(build_layers(cfg, *bounds[s]), self.tp) for s in stages}
         # Row slices of the unsplit model's parameters this rank holds besides its stages
         # (vocabulary parallelism): name in ToyGPT -> (the slice, its first row, full shape).
         self.shards: dict[str, tuple[nn.Parameter, int, tuple[int, ...]]] = {}
