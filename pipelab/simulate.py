@@ -20,6 +20,7 @@ from .schedules.gcpause import without_gc
 from .schedules.graph import step_times
 from .schedules.kinds import KIND_SPECS
 from .timeline import Event, Timeline
+from .tp_overlap import TP_REDUCE, data_edge, step_time
 
 Cost = float | Sequence[float]
 _new = tuple.__new__     # builds an Event without the named tuple's slower constructor
@@ -50,6 +51,13 @@ class Costs:
     `overlap=None` (the default, and what our CPUs do): a compound step (DualPipe's F&B pair)
     costs the sum of its parts. `overlap=x` says what a GPU would do — overlap the two — and
     charges the longest part plus `x`: a model, stated as such, never a measurement here.
+
+    Tensor parallelism: `tp_allreduce` (T_AR, one number or one per stage) is the all-reduce
+    that ends each forward and each input-gradient pass (kinds registered with `tp_reduce`);
+    `tp_overlap` lets it run under other compute where the step allows (tp_overlap.py: a full
+    B's W half, a braided compound's other microbatch). 0 (the default): no tensor parallelism.
+    `tp_sends_wait=False` is the papers' idealisation: what a braided step sends leaves when its
+    compute ends, as if its last all-reduce (the tail) were free.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -66,6 +74,9 @@ class Costs:
     replicas: int | None = None          # data-parallel replicas (None: the schedule's)
     overlap: float | None = None         # None: a compound's parts run one after the other
     #   (a CPU); a number: they would overlap on a GPU, the step costing its longest part + this
+    tp_allreduce: Cost = 0.0             # T_AR: a tensor-parallel all-reduce, per pass and stage
+    tp_overlap: bool = True              # async all-reduces overlap compute where they can
+    tp_sends_wait: bool = True           # a braided step's output waits for its last all-reduce
 
     def __post_init__(self) -> None:
         if self.per not in ("microbatch", "batch"):
@@ -80,6 +91,10 @@ class Costs:
         self.parameter_bytes = _checked("parameter_bytes", self.parameter_bytes)
         if self.overlap is not None:
             self.overlap = _checked("overlap", self.overlap, per_stage=False)
+        self.tp_allreduce = _checked("tp_allreduce", self.tp_allreduce)
+        for name in ("tp_overlap", "tp_sends_wait"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"Costs.{name} must be True or False, got {getattr(self, name)!r}")
         if not (isinstance(self.bandwidth, numbers.Real) and self.bandwidth > 0):
             raise ValueError(f"Costs.bandwidth must be a number of bytes/s > 0, got {self.bandwidth!r}")
         if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
@@ -135,6 +150,15 @@ class Costs:
 
     def of_parameter_bytes(self, stage: int) -> float:
         return _at_stage("parameter_bytes", self.parameter_bytes, stage)
+
+    def of_tp_allreduce(self, stage: int) -> float:
+        return _at_stage("tp_allreduce", self.tp_allreduce, stage)
+
+    @property
+    def tensor_parallel(self) -> bool:
+        """Whether steps pay tensor-parallel all-reduces (tp_allreduce > 0 somewhere)."""
+        value = self.tp_allreduce
+        return any(value) if isinstance(value, list) else value > 0
 
     def duration(self, action, microbatches: int = 1) -> float:
         """Time of one step: an action, or a compound's parts one after the other (or, with
@@ -199,8 +223,15 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         costs = replace(costs, replicas=schedule.data_parallel)
     names = list(KIND_SPECS)                # kinds by number, for the bulk (numpy) steps
     plain = _plain_steps(order, names)
-    starts, ends = step_times(order, _durations(costs, order, plain, names,
-                                                schedule.microbatches), costs.comm)
+    if costs.tensor_parallel:             # all-reduces in the steps: exposed, hidden or a tail
+        took, tails, spans = _tp_timing(costs, order, schedule.microbatches)
+        starts, ends = step_times(order, took, costs.comm,
+                                  tail=tails if costs.tp_sends_wait else None,
+                                  data_edge=lambda step, before: data_edge(schedule, step, before))
+    else:
+        spans = None
+        starts, ends = step_times(order, _durations(costs, order, plain, names,
+                                                    schedule.microbatches), costs.comm)
     if plain is not None:                    # one event per step, built in bulk
         rank, kind, _stage = plain
         events = list(map(_new, repeat(Event), zip(rank.tolist(), order.steps, starts, ends,
@@ -224,6 +255,11 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     # holding S parts' worth out of `stages` counts each forward as stages/S of 1/v.
     stages_on = [v * schedule.model_slices / schedule.stages for v in stages_on]
     memory = _curves(*rows, np.array([effect.get(k, 0.0) for k in names]), stages_on)
+    if spans is not None:                 # the all-reduces, on the ranks' communication lanes
+        events += [_new(Event, (ranks[0], Action(part[0], TP_REDUCE, part[2]), start + a,
+                                start + b, None))
+                   for ranks, start, step_spans in zip(order.ranks, starts, spans)
+                   for a, b, part in step_spans]
     title = schedule.name + (f" (fixed batch, m={schedule.microbatches})"
                              if costs.per == "batch" else "")
     return Timeline(events, schedule.ranks, source=source, memory=memory,
@@ -256,6 +292,28 @@ def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) 
         table[k] = [costs.duration(_new(Action, (s, names[k], 0)), microbatches)
                     for s in range(table.shape[1])]
     return table[kind, stage].tolist()
+
+
+def _tp_timing(costs: Costs, order, microbatches: int) -> tuple[list, list, list]:
+    """Per step, by position: compute time, tail and all-reduce spans under tensor parallelism
+    (tp_overlap.py), computed once per shape of step; a measured step keeps its measured time."""
+    measured = costs.per_action or {}
+    cache: dict = {}
+    took, tails, spans = [], [], []
+    for item in order.steps:
+        if item in measured:
+            took.append(measured[item])
+            tails.append(0.0)
+            spans.append(())
+            continue
+        key = tuple((part[0], part[1]) for part in item.parts)
+        if key not in cache:
+            cache[key] = step_time(costs, item, microbatches)
+        busy, tail, shape = cache[key]
+        took.append(busy)
+        tails.append(tail)
+        spans.append([(a, b, item.parts[i]) for a, b, i in shape])
+    return took, tails, spans
 
 
 def _cached_durations(costs: Costs, microbatches: int = 1):

@@ -28,13 +28,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model import AttentionCore, Block
-from ..schedules.kinds import register_kind
+from ..tp_overlap import TP_REDUCE  # noqa: F401  (the timelines' kind of its all-reduces)
 from ..weight_grad import Linear
-
-TP_REDUCE = "Tp"      # the timeline's kind for one tensor-parallel all-reduce (never scheduled)
-
-register_kind(TP_REDUCE, "tensor-parallel all-reduce (inside a forward or input-gradient pass)",
-              lane="comm", module="pipelab")
 
 
 class TensorParallel:

@@ -167,7 +167,8 @@ def execution_order(schedule) -> Order:
 
 
 def step_times(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
-               lanes: bool = True) -> tuple[list[float], list[float]]:
+               lanes: bool = True, tail: Sequence[float] | None = None,
+               data_edge: Callable | None = None) -> tuple[list[float], list[float]]:
     """The start and end of every step of an execution order, by position, in one pass along
     it: each rank runs its steps in order; a step starts once its inputs have arrived (+`comm`
     when they cross ranks) and, for a collective, once every member is free. The simulator
@@ -179,8 +180,15 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
     for it, so the overlap of communication with compute is what the model predicts. With
     `lanes=False` (the step grid: one cell per action) every action takes its rank's turn.
 
-    `duration` is the time of a step (a function of it), or the list of times by position."""
+    `duration` is the time of a step (a function of it), or the list of times by position.
+
+    `tail[k]`, if given: seconds of asynchronous communication step k leaves running on its
+    rank's communication lane when its compute ends (a braided step's last tensor-parallel
+    all-reduce): the rank computes on, and what the step produces is ready only after it — for
+    a consumer on another rank, or on the same rank when `data_edge(consumer, producer)` says
+    the edge carries data (not when it only orders two steps, as W after its I)."""
     steps, ran_on = order.steps, order.ranks
+    late: dict | None = {} if tail is not None else None     # position -> output ready
     took = map(duration, steps) if callable(duration) else duration
     begin = [0.0] * len(steps)
     finish = [0.0] * len(steps)
@@ -193,11 +201,17 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
                 else rank
             start = free[lane]
             for p in before:
-                arrival = finish[p] + (comm if rank not in ran_on[p] else 0.0)
+                done = finish[p]
+                if late and p in late and (rank not in ran_on[p] or data_edge(item, steps[p])):
+                    done = late[p]
+                arrival = done + (comm if rank not in ran_on[p] else 0.0)
                 if arrival > start:
                     start = arrival
             begin[k] = start
             free[lane] = finish[k] = start + time
+            if late is not None and tail[k]:
+                ready = free[(rank, "comm")] = max(finish[k], free[(rank, "comm")]) + tail[k]
+                late[k] = ready
             continue
         # A collective starts once every member has reached it; one on the communication lane
         # (an all-reduce on a side stream) leaves the members' compute running.

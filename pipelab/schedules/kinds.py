@@ -48,6 +48,8 @@ class KindSpec:
     module: str = "pipelab"            # where it was defined: the workers import it from there
     lane: str = "compute"              # "comm": runs beside the rank's compute (a gradient
     #                                    all-reduce), on a lane of its own in the simulator and plots
+    tp_reduce: bool = False            # under tensor parallelism, ends in an all-reduce of its
+    #                                    output (forward) or input gradient (backward)
 
     @property
     def collective(self) -> bool:
@@ -64,11 +66,13 @@ VERSION = [0]
 def register_kind(kind: str, description: str, *, inputs: Callable | None = None,
                   output: str | None = None, memory: float = 0.0, cost: Callable | None = None,
                   per_microbatch: bool = True, members: Callable | None = None,
-                  module: str | None = None, lane: str = "compute") -> KindSpec:
+                  module: str | None = None, lane: str = "compute",
+                  tp_reduce: bool = False) -> KindSpec:
     """Add (or replace) an action kind. `inputs(schedule, action)` lists its `Input` edges
     (default: none); `members(schedule, action)` makes it a collective of those ranks;
     `lane="comm"` runs it beside the rank's compute (the simulator gives each rank a
-    communication lane, so a reduction overlaps the actions after it)."""
+    communication lane, so a reduction overlaps the actions after it); `tp_reduce=True`: with
+    tensor parallelism it ends in an all-reduce (the simulator charges `Costs.tp_allreduce`)."""
     if lane not in ("compute", "comm"):
         raise ValueError(f"lane must be 'compute' or 'comm', got {lane!r}")
     if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
@@ -79,7 +83,7 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
         import sys
         module = sys._getframe(1).f_globals.get("__name__", "__main__")
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
-                    float(memory), cost, per_microbatch, members, module, lane)
+                    float(memory), cost, per_microbatch, members, module, lane, tp_reduce)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
     VERSION[0] += 1
@@ -132,14 +136,14 @@ def _weight_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, memory=+1.0,
-              module="pipelab")
+              module="pipelab", tp_reduce=True)
 register_kind("B", "full backward (I + W)", inputs=_backward_inputs, output=INPUT_GRADIENT,
               memory=-1.0, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
-              module="pipelab")
+              module="pipelab", tp_reduce=True)
 # How much of a forward's activations I frees (and W the rest) is a property of the model: the
 # simulator takes it as `i_frees`; the runtime measures it.
 register_kind("I", "input-gradient backward", inputs=_backward_inputs, output=INPUT_GRADIENT,
-              memory=0.0, module="pipelab")
+              memory=0.0, module="pipelab", tp_reduce=True)
 register_kind("W", "weight-gradient backward", inputs=_weight_inputs, memory=-1.0,
               module="pipelab")
 
