@@ -133,6 +133,12 @@ class WeightGradStore:
 
     def flush(self, stage: int, microbatch: int) -> None:
         """The `W` of (stage, microbatch): dW = dyᵀ·x and db = Σ dy into `.grad`, then forget."""
+        for _ in self.flush_steps(stage, microbatch):
+            pass
+
+    def flush_steps(self, stage: int, microbatch: int):
+        """`flush` one Linear at a time: a generator that yields after each layer's GEMMs (so
+        other work can be braided in between)."""
         key = (stage, microbatch)
         if key not in self._pending:
             if key in self._flushed:
@@ -143,16 +149,17 @@ class WeightGradStore:
                                f"is stored for it")
         entries = self._pending.pop(key)
         self._flushed.add(key)
-        with torch.no_grad():
-            for weight, bias, x, dy in entries:
+        for weight, bias, x, dy in entries:
+            with torch.no_grad():        # left before each yield: grad mode is the caller's too
                 dw, db = _weight_grads(x, dy, weight is not None, bias is not None)
                 if weight is not None:
                     _accumulate(weight, dw)
                 if bias is not None:
                     _accumulate(bias, db)
-                if self.meter is not None:
-                    self.meter.drop(x)
-                    self.meter.drop(dy)
+            if self.meter is not None:
+                self.meter.drop(x)
+                self.meter.drop(dy)
+            yield
         entries.clear()
 
     def pending(self) -> list[tuple[int, int]]:

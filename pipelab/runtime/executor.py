@@ -34,6 +34,7 @@ from .meter import ActivationMeter
 from .spec import RunSpec
 from .stage import RankStages, StepState
 from ..parallel.tensor import TensorParallel
+from ..parallel import braid as _braid  # noqa: F401  (registers the braided F and W)
 
 
 def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
@@ -156,15 +157,22 @@ def _wiring(spec: RunSpec, plan) -> list:
     for step in plan:
         received = {(t.consumer, t.name) for t in step.recv}
         parts = []
+        own = set(step.action.parts)
+        # Braided only where there is asynchronous work to hide: tensor-parallel all-reduces.
+        braided = len(own) > 1 and spec.tensor_parallel > 1
         for part in step.action.parts:
             sources = []
             for name, producer, carries in sched.inputs(part):
                 if carries:
                     key = (part, name)
                     sources.append((name, ("recv", key) if key in received else ("local", producer)))
-            parts.append((part, HANDLERS[part.kind].run, sources))
+                    # a part reading another part of its step must run after it, not beside it
+                    braided = braided and producer not in own
+            handler = HANDLERS[part.kind]
+            parts.append((part, handler.run, sources, handler.braid))
+        braided = braided and any(braid for *_rest, braid in parts)
         shapes = [_shape(spec, t.producer) for t in step.recv]
-        wiring.append((shapes, parts))
+        wiring.append((shapes, parts, braided))
     return wiring
 
 
@@ -207,13 +215,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             _stall(item)
         if item == fail:
             raise RuntimeError(f"injected failure in {item} (the _inject test hook)")
-        for part, run, sources in wiring[i][1]:
-            inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
-                      for name, (where, key) in sources}
-            logged = len(tp_log)
-            out = run(state, part, inputs)
-            if len(tp_log) > logged:
-                tp_events += [(part, *entry) for entry in tp_log[logged:]]
+        for part, out in _run_parts(state, wiring[i], arrived, tp_log, tp_events):
             # The compute ends here, before any send is posted: a posted send can reach a
             # waiting receiver at once, and a clock read after posting could fall after the
             # receiver's start (a preempted sender), putting a consumer "before" its producer.
@@ -250,6 +252,46 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
             "action_peaks": peaks, "tp": tp_events,
             "send_peak": state.meter.sending_peak}
+
+
+def _run_parts(state: StepState, wires, arrived: dict, tp_log: list, tp_events: list):
+    """Run a step's parts, yielding (part, output) as each finishes: one after the other, or,
+    for a braided step, side by side — each part's braided handler (a generator) is resumed in
+    turn, so one part computes while another's asynchronous all-reduce is in flight. The
+    tensor-parallel all-reduces each part timed are added to `tp_events`."""
+    _shapes, parts, braided = wires
+    runners = []
+    for part, run, sources, braid in parts:
+        inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
+                  for name, (where, key) in sources}
+        if not braided:
+            logged = len(tp_log)
+            out = run(state, part, inputs)
+            tp_events += [(part, *entry) for entry in tp_log[logged:]]
+            yield part, out
+            continue
+        runners.append((part, (braid or _whole(run))(state, part, inputs)))
+    while runners:
+        for entry in list(runners):
+            part, gen = entry
+            logged = len(tp_log)
+            try:
+                next(gen)
+                finished, out = False, None
+            except StopIteration as stop:
+                finished, out = True, stop.value
+            tp_events += [(part, *logged_ar) for logged_ar in tp_log[logged:]]
+            if finished:
+                runners.remove(entry)
+                yield part, out
+
+
+def _whole(run):
+    """A handler with no braided version, as one: it runs whole at its first turn."""
+    def braid(state, part, inputs):
+        return run(state, part, inputs)
+        yield                                   # (makes this a generator function)
+    return braid
 
 
 def _note_reductions(reductions, actions, clock) -> None:

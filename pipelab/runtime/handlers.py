@@ -34,6 +34,19 @@ class HandlerSpec:
     output: OutputShape | None = None
     module: str = "pipelab"          # the workers import it from there
     setup: Setup | None = None
+    # Inside a compound step, this version (a generator function) runs instead: it yields
+    # wherever it waits on asynchronous work, and the executor runs the step's other parts
+    # meanwhile (braiding); what it returns is what `run` would. None: run it whole.
+    braid: Callable | None = None
+
+
+def register_braid(kind: str) -> Callable:
+    """Decorator: the braided version of an existing kind's handler (see HandlerSpec.braid)."""
+    def add(generator: Callable) -> Callable:
+        from dataclasses import replace
+        HANDLERS[kind] = replace(HANDLERS[kind], braid=generator)
+        return generator
+    return add
 
 
 HANDLERS: dict[str, HandlerSpec] = {}
@@ -66,17 +79,29 @@ def run_setups(spec, rank: int, stages) -> None:
 
 @register_handler("F")
 def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
-    s, mb = a.stage, a.microbatch
-    x, y = state.microbatches[mb]
-    inp = inputs["x"].requires_grad_() if "x" in inputs else x
-    ends_in_loss = s in state.last_stages and state.loss_on_last_stage
+    inp = forward_input(state, a, inputs)
     with state.meter.saving():
-        out = state.forward(s, mb, inp)
-        if ends_in_loss:
-            loss = loss_fn(out, y)
-            state.losses[mb] = loss.item()
-            # So the microbatch gradients (summed over the replicas) are the batch mean's.
-            out = loss / (state.m * state.replicas)
+        out = state.forward(a.stage, a.microbatch, inp)
+    return forward_output(state, a, inp, out)
+
+
+def forward_input(state: StepState, a: Action, inputs: dict) -> torch.Tensor:
+    """What a forward reads: the activation that arrived, or the microbatch's tokens."""
+    return inputs["x"].requires_grad_() if "x" in inputs else state.microbatches[a.microbatch][0]
+
+
+def forward_output(state: StepState, a: Action, inp: torch.Tensor,
+                   out: torch.Tensor) -> torch.Tensor | None:
+    """Keep what the backward needs; on the last stage (when the loss is computed there) turn
+    the logits into the scaled loss."""
+    s, mb = a.stage, a.microbatch
+    ends_in_loss = s in state.last_stages and state.loss_on_last_stage
+    if ends_in_loss:
+        with state.meter.saving():
+            loss = loss_fn(out, state.microbatches[mb][1])
+        state.losses[mb] = loss.item()
+        # So the microbatch gradients (summed over the replicas) are the batch mean's.
+        out = loss / (state.m * state.replicas)
     state.saved[(s, mb)] = (inp, out)
     return None if ends_in_loss else out.detach()
 
