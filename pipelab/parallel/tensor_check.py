@@ -70,3 +70,59 @@ def check_block(cluster, cfg: ModelConfig, deferred: bool = False) -> dict[str, 
     """Run `shard_pass` on every process of `cluster` (its size is the split) and compare."""
     shards = cluster.call("pipelab.parallel.tensor_check:shard_pass", cfg.as_dict(), deferred)
     return compare(cfg, shards, deferred)
+
+
+def linear_pass(cfg_dict: dict) -> dict:
+    """On one process: a column-parallel and a row-parallel Linear alone (the block's `up` and
+    `down`), each run forward and backward on the same input as the whole layer."""
+    import torch.distributed as dist
+    from .tensor import ColumnParallelLinear, RowParallelLinear, hidden_features
+    cfg = ModelConfig(**cfg_dict)
+    tp = TensorParallel(dist.get_world_size(), dist.get_rank(), None)
+    block = build_layer(cfg, 1)
+    cols = hidden_features(cfg.ffn_width, tp.size, tp.rank)
+    out = {}
+    for name, layer, whole_in in (("column", ColumnParallelLinear.of(block.up, cols, tp), True),
+                                  ("row", RowParallelLinear.of(block.down, cols, tp), False)):
+        x, dy = _linear_input(cfg, name)
+        x = (x if whole_in else x[..., cols]).clone().requires_grad_()
+        y = layer(x)
+        y.backward(dy[..., cols] if name == "column" else dy)
+        out[name] = {"output": y.detach(), "input grad": x.grad,
+                     "weight": layer.weight.grad, "bias": getattr(layer.bias, "grad", None)}
+    return out
+
+
+def _linear_input(cfg: ModelConfig, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(11)
+    width_in, width_out = (cfg.d_model, cfg.ffn_width) if name == "column" else \
+        (cfg.ffn_width, cfg.d_model)
+    return (torch.randn(2, cfg.seq_len, width_in, generator=gen),
+            torch.randn(2, cfg.seq_len, width_out, generator=gen))
+
+
+def compare_linears(cfg: ModelConfig, shards: list[dict]) -> dict[str, float]:
+    """Max relative errors of the column- and row-parallel shards against the whole Linears:
+    column outputs side by side, row outputs summed (every process holds the sum)."""
+    block = build_layer(cfg, 1)
+
+    def rel(got, ref):
+        return ((got - ref).abs().max() / ref.abs().max().clamp_min(1e-12)).item()
+    errors = {}
+    for name, whole in (("column", block.up), ("row", block.down)):
+        x, dy = _linear_input(cfg, name)
+        x = x.clone().requires_grad_()
+        y = whole(x)
+        y.backward(dy)
+        got = [s[name] for s in shards]
+        if name == "column":
+            errors["column output"] = rel(torch.cat([g["output"] for g in got], -1), y)
+            errors["column input grad"] = max(rel(g["input grad"], x.grad) for g in got)
+            errors["column weight grad"] = rel(torch.cat([g["weight"] for g in got]), whole.weight.grad)
+            errors["column bias grad"] = rel(torch.cat([g["bias"] for g in got]), whole.bias.grad)
+        else:
+            errors["row output"] = max(rel(g["output"], y) for g in got)
+            errors["row input grad"] = rel(torch.cat([g["input grad"] for g in got], -1), x.grad)
+            errors["row weight grad"] = rel(torch.cat([g["weight"] for g in got], 1), whole.weight.grad)
+            errors["row bias grad"] = rel(got[0]["bias"], whole.bias.grad)
+    return errors

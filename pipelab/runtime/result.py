@@ -56,6 +56,9 @@ class RunResult:
     # Bytes of weights each pipeline rank built (replica 0): twice a rank's share where every
     # stage has a weight replica (DualPipe, Chimera).
     rank_parameter_bytes: dict[int, int] = field(default_factory=dict)
+    # Tensor parallelism: per pipeline rank (shard 0 of replica 0), the last step's all-reduces
+    # as (pass, start, end, "forward" / "backward" / "forward, async"), seconds from its start.
+    tp_all_reduces: dict[int, list] = field(default_factory=dict)
 
     @property
     def mesh(self):
@@ -356,7 +359,10 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                            rep["steps"][last]["actions"], rep["steps"][last]["action_peaks"])]
                            for rep in reports},
                        rank_parameter_bytes={rep["rank"]: rep.get("parameter_bytes", 0)
-                                             for rep in reports})
+                                             for rep in reports},
+                       tp_all_reduces={rep["rank"]: [(part, s - t0, e - t0, what) for part, s, e, what
+                                                     in rep["steps"][last].get("tp", ())]
+                                       for rep in reports})
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
