@@ -38,12 +38,17 @@ def _run(block, x: torch.Tensor, dy: torch.Tensor, deferred: bool):
     return y.detach(), x.grad, grads
 
 
-def shard_pass(cfg_dict: dict, deferred: bool = False) -> dict:
-    """On one process of the cluster (the whole world is the tensor-parallel group): this
-    shard's output, input gradient, parameter gradients and the all-reduces it timed."""
+def shard_pass(cfg_dict: dict, deferred: bool = False, size: int | None = None) -> dict | None:
+    """On one process of the cluster: this shard's output, input gradient, parameter gradients
+    and the all-reduces it timed. The group is processes 0 … size−1 (default: all of them);
+    the others return None."""
     import torch.distributed as dist
     cfg = ModelConfig(**cfg_dict)
-    tp = TensorParallel(dist.get_world_size(), dist.get_rank(), None)
+    size = size or dist.get_world_size()
+    group = dist.new_group(list(range(size))) if size < dist.get_world_size() else None
+    if dist.get_rank() >= size:
+        return None
+    tp = TensorParallel(size, dist.get_rank(), group)
     block = TensorParallelBlock(build_layer(cfg, 1), tp)
     x, dy = _input(cfg)
     y, dx, grads = _run(block, x, dy, deferred)
@@ -66,10 +71,12 @@ def compare(cfg: ModelConfig, shards: list[dict], deferred: bool = False) -> dic
     return errors
 
 
-def check_block(cluster, cfg: ModelConfig, deferred: bool = False) -> dict[str, float]:
-    """Run `shard_pass` on every process of `cluster` (its size is the split) and compare."""
-    shards = cluster.call("pipelab.parallel.tensor_check:shard_pass", cfg.as_dict(), deferred)
-    return compare(cfg, shards, deferred)
+def check_block(cluster, cfg: ModelConfig, deferred: bool = False,
+                size: int | None = None) -> dict[str, float]:
+    """Split a block over the first `size` processes of `cluster` (default all) and compare."""
+    shards = cluster.call("pipelab.parallel.tensor_check:shard_pass", cfg.as_dict(), deferred,
+                          size)
+    return compare(cfg, [s for s in shards if s is not None], deferred)
 
 
 def linear_pass(cfg_dict: dict) -> dict:
