@@ -1,0 +1,92 @@
+"""STP against 1F1B-I and ZB-V on 2 pipeline ranks × 2 tensor-parallel shards, and beyond.
+
+    python benchmarks/stp.py [--quick] [--d-model 64] [--layers 4] [--steps 3] [--grids 2,4,8]
+
+Part 1 runs each schedule live on a LocalCluster of 4 processes (`tensor_parallel=2`) and
+prints the measured step time (median over steps after the first), the replay (the schedule
+re-run in the simulator at each action's measured CPU time) and the reference check. Part 2
+takes unit costs measured in the ZB-V run, whose F, I and W all run alone — T_F, T_I, T_W per
+chunk (a pass's span less the tensor-parallel all-reduces it waited for) and T_AR (the
+all-reduces of one pass, summed) — and simulates the three schedules on larger grids (p ranks,
+m = 3p), with the measured T_AR and with T_AR at a few fractions of T_F.
+
+1F1B-I is the paper's interleaved 1F1B (2 chunks per rank, `interleaved-1f1b`).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+
+import pipelab as pl
+from pipelab.parallel import tensor_view
+
+LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
+
+
+def unit_costs(res) -> tuple[pl.Costs, float]:
+    """(F, I, W medians per chunk, compute only) and T_AR per pass, from a live run's last step."""
+    waited: dict = {}
+    for rank, entries in res.tp_all_reduces.items():
+        for part, start, end, what in entries:
+            if what != "forward, async":          # the ones the compute stood still for
+                waited[(rank, part)] = waited.get((rank, part), 0.0) + (end - start)
+    spans = {"F": [], "I": [], "W": []}
+    per_pass = []
+    for e in res.timeline.events:
+        if len(e.action.parts) == 1 and e.action.kind in ("F", "I", "W"):
+            ar = waited.get((e.rank, e.action), 0.0)
+            spans[e.action.kind].append(e.duration - ar)
+            if ar:
+                per_pass.append(ar)
+    med = {k: statistics.median(v) if v else 0.0 for k, v in spans.items()}
+    return (pl.Costs(F=med["F"], I=med["I"], W=med["W"], unit="s"),
+            statistics.median(per_pass) if per_pass else 0.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="small model, 2 steps, grids 2,4")
+    ap.add_argument("--d-model", type=int, default=64)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--microbatches", type=int, default=6)
+    ap.add_argument("--grids", default="2,4,8")
+    args = ap.parse_args()
+    if args.quick:
+        args.d_model, args.steps, args.grids = 32, 2, "2,4"
+    cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=4, seq_len=32)
+    load = os.getloadavg()
+    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores; "
+          f"model d={cfg.d_model}, {cfg.n_layers} blocks; 2 ranks × 2 shards, "
+          f"m={args.microbatches}")
+    runs = {}
+    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
+        for label, name in LIVE.items():
+            s = pl.schedule(name, ranks=2, microbatches=args.microbatches)
+            runs[label] = cluster.run(s, model=cfg, tensor_parallel=2, steps=args.steps,
+                                      progress=False)
+    print(f"\n{'schedule':8}{'measured ms':>13}{'replayed ms':>13}{'TP all-reduce ms':>18}"
+          f"{'max grad err':>14}")
+    for label, res in runs.items():
+        later = res.timelines[1:] or res.timelines
+        measured = statistics.median(t.makespan for t in later)
+        tp = sum(e.duration for e in res.timeline.comm_events()) / 2
+        print(f"{label:8}{measured * 1e3:13.1f}{res.replay.makespan * 1e3:13.1f}"
+              f"{tp * 1e3:18.1f}{res.max_grad_error:14.1e}")
+    costs, t_ar = unit_costs(runs["ZB-V"])
+    print(f"\nunit costs from the ZB-V run (compute only, per chunk): F {costs.F * 1e3:.2f} ms, "
+          f"I {costs.I * 1e3:.2f} ms, W {costs.W * 1e3:.2f} ms; T_AR {t_ar * 1e3:.2f} ms per pass")
+    print(f"\n{'T_AR':>14}{'p':>3}{'m':>4}" + "".join(f"{k + ' ms':>12}" for k in LIVE)
+          + f"{'STP gain':>11}   (simulated)")
+    for label, ar in [("measured", t_ar)] + [(f"{f:g} × T_F", f * costs.F) for f in (0.1, 0.25, 0.5)]:
+        for p in map(int, args.grids.split(",")):
+            tls = tensor_view.compare_tp(p, 3 * p, ar, costs)
+            spans = {k: tl.makespan for k, tl in tls.items()}
+            gain = min(spans["ZB-V"], spans["1F1B-I"]) / spans["STP"] - 1
+            print(f"{label:>14}{p:3}{3 * p:4}" + "".join(f"{spans[k] * 1e3:12.1f}" for k in LIVE)
+                  + f"{gain:11.1%}")
+
+
+if __name__ == "__main__":
+    main()
