@@ -104,3 +104,13 @@ def test_simulated_timelines_draw_the_all_reduces_on_the_communication_lane():
     ars = tl.comm_events()
     assert len(ars) == 2 * 2 * 2 * 5 and {e.action.kind for e in ars} == {"Tp"}   # F and I/B
     assert not pl.simulate(s, pl.Costs(F=1, I=1, W=1)).comm_events()
+
+
+def test_a_tail_holds_back_what_a_step_sends_not_what_stays_on_the_rank():
+    s = pl.schedule("stp", ranks=2, microbatches=5)
+    tl = pl.simulate(s, pl.Costs(F=1, I=1, W=1, tp_allreduce=0.25))
+    at = {str(e.action): e for e in tl.events if e.action.kind != "Tp"}
+    # 3F1+3I0 computes until 8.25; its I's all-reduce (the tail) ends at 8.5.
+    assert at["3F1+3I0"].end == 8.25
+    assert at["0F4+3W0"].start == 8.25          # W reads state kept on rank 0: no wait
+    assert at["2F2+2B0"].start == 8.5           # rank 1's B needs the summed gradient
