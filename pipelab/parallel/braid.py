@@ -40,7 +40,7 @@ class _Summed(torch.autograd.Function):
 @register_braid("F")
 def forward_braided(state, a, inputs: dict):
     inp = x = forward_input(state, a, inputs)
-    for layer in state.module(a.stage):
+    for layer in state.module(a.stage, a.microbatch):
         if not isinstance(layer, TensorParallelBlock):
             with state.meter.saving():
                 x = layer(x)
