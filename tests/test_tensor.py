@@ -69,3 +69,5 @@ def test_bad_tensor_parallel_arguments_are_refused_before_any_process_starts():
         prepare_run(s, ranks=6, model=CFG, tensor_parallel=3)
     with pytest.raises(ValueError, match="tensor_parallel"):
         prepare_run(s, ranks=2, model=CFG, tensor_parallel=0)
+    with pytest.raises(ValueError, match="not supported yet together with recompute"):
+        prepare_run(s, ranks=4, model=CFG, tensor_parallel=2, recompute="full")
