@@ -163,9 +163,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
     from ..recompute import prepare as prepare_recompute
     schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
-    if tp > 1 and (policies or "U" in schedule.kinds()):
-        raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=... or "
-                         "with optimizer updates (U) inside the schedule: run one or the other")
+    if tp > 1 and (policies or sharded or "U" in schedule.kinds()):
+        raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
+                         "a sharded vocabulary or optimizer updates (U) inside the schedule: run "
+                         "one or the other")
     plugins = plugins_for(schedule)
     m = schedule.microbatches
     batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
