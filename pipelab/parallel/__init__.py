@@ -2,5 +2,6 @@
 expert and vocabulary parallelism)."""
 from .mesh import Mesh
 from .data_parallel import allreduce_time, reduction_of, with_data_parallel
+from . import expert      # noqa: F401  (registers the all-to-all kinds Ed and Ec)
 
 __all__ = ["Mesh", "allreduce_time", "reduction_of", "with_data_parallel"]

@@ -111,7 +111,8 @@ class LocalCluster:
     def run(self, schedule, model=None, partition=None, *, seed: int = 0,
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
-            data_parallel: int = 1, recompute=None, _inject: dict | None = None) -> RunResult:
+            data_parallel: int = 1, recompute=None, expert_parallel: int = 1,
+            _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
         model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
@@ -127,6 +128,8 @@ class LocalCluster:
         recompute: activation recomputation, "none" (default), "full", "selective" or
             "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
             actions are added before each backward that needs one (recompute.py).
+        expert_parallel: divide each MoE layer's experts over the data-parallel group (a mesh
+            of pipeline ranks × expert_parallel processes; parallel/expert.py).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         """
@@ -134,7 +137,7 @@ class LocalCluster:
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
-                           recompute=recompute)
+                           recompute=recompute, expert_parallel=expert_parallel)
         self.start()
         began = time.perf_counter()
         try:

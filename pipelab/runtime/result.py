@@ -55,6 +55,8 @@ class RunResult:
     # Bytes of weights each pipeline rank built (replica 0): twice a rank's share where every
     # stage has a weight replica (DualPipe, Chimera).
     rank_parameter_bytes: dict[int, int] = field(default_factory=dict)
+    # MoE models: per step, tokens each expert was sent and dropped, per microbatch and layer
+    routing: list = field(default_factory=list)
 
     @property
     def mesh(self):
@@ -208,6 +210,9 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
         step = rep["steps"][k]
         events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
                    for _i, a, _w, start, end, cpu, _mem in step["actions"]]
+        # spans recorded inside actions (an expert all-to-all), on the communication lane
+        events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
+                   for a, start, end, cpu in step.get("events", ())]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
     return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
                     memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
@@ -354,13 +359,17 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
-    elif spec.check:
+    if spec.cfg.moe:
+        from ..routing import routing_of
+        result.routing = [routing_of([rep["steps"][k] for replica in replicas for rep in replica],
+                                     sched.microbatches) for k in range(last + 1)]
+    if result.versions is None and spec.check:
         # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
         # weight replica's part are each checked (after their sum, each must hold the whole
-        # batch's gradient).
+        # batch's gradient). With expert parallelism every replica reports its own experts.
         replicated = _replicated_layers(spec)
         grads: dict = {}
-        for rep in reports:
+        for rep in (r for replica in replicas for r in replica):
             for name, g in (rep["grads"] or {}).items():
                 if int(name.split(".")[1]) in replicated:
                     grads.setdefault(name, []).append(g)

@@ -37,6 +37,7 @@ class RunSpec:
     data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
     inject_replica: int | None = None    # test hook: inject only into this replica
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
+    expert_parallel: int = 1             # the dp group divides each MoE layer's experts
 
     @property
     def mesh(self):
@@ -106,17 +107,22 @@ def _injections(schedule: Schedule, inject,
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
-                recompute=None) -> RunSpec:
+                recompute=None, expert_parallel: int = 1) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
     replicas. With data_parallel > 1 each stage's gradient all-reduce is inserted into the
-    schedule (`with_data_parallel`) unless it already has them."""
+    schedule (`with_data_parallel`) unless it already has them. `expert_parallel` divides the
+    experts over the data-parallel group (data_parallel becomes expert_parallel)."""
     from ..parallel.data_parallel import has_reductions, with_data_parallel
+    from ..parallel.expert import check_expert_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
     dp = positive_int("data_parallel", data_parallel)
+    ep = positive_int("expert_parallel", expert_parallel)
+    if ep > 1 and isinstance(model, (ModelConfig, type(None))):   # else refused below
+        dp = check_expert_parallel(model or ModelConfig(), ep, dp)
     schedule.validate()
     if dp > 1:
         if any(KIND_SPECS[kind].collective for kind in schedule.kinds()):
@@ -171,5 +177,5 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica, policies)
+                   method, injections, plugins, dp, replica, policies, ep)
 
