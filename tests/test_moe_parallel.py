@@ -28,6 +28,14 @@ def test_pipeline_without_ep_is_exact(clusters):
     assert not res.timeline.comm_events()          # no expert parallelism: no all-to-all
 
 
+def test_full_recomputation_of_moe_blocks_is_exact(clusters):
+    # The recomputed forward must route every token exactly as the first one did (the
+    # backward reuses the first forward's graph with the recomputed tensors).
+    res = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=4), model=CFG,
+                          recompute="full")
+    exact(res)
+
+
 def test_expert_parallel_2_is_exact_and_keeps_expert_gradients_local(clusters):
     res = clusters(2).run(pl.schedule("gpipe", ranks=1, microbatches=2), model=CFG,
                           expert_parallel=2)
