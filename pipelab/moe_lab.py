@@ -215,3 +215,21 @@ def plot_sweep(table: list[dict], even, title: str, ax=None):
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=7, loc="lower right")
     return ax
+
+
+def plot_aux_runs(runs: dict, steps: int):
+    """Histograms per MoE layer (rows): before training, and after `steps` steps with each α of
+    `train_with_aux`'s result (columns), on one y scale."""
+    import matplotlib.pyplot as plt
+    first = next(iter(runs.values()))
+    panels = [("before training", first["before"])] + [
+        (f"{steps} steps, α = {coef:g}", r["after"]) for coef, r in runs.items()]
+    layers = first["after"].layers
+    fig, axes = plt.subplots(len(layers), len(panels), figsize=(4 * len(panels), 2.8 * len(layers)),
+                             sharey=True, squeeze=False)
+    top = 1.3 * max(int(r.routed.sum(0).max()) for _what, r in panels)
+    for row, layer in enumerate(layers):
+        for ax, (what, r) in zip(axes[row], panels):
+            plot_routing(r, f"layer {layer}, {what} — measured", ax=ax, layer=row, ymax=top)
+    fig.tight_layout()
+    return fig
