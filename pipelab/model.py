@@ -15,6 +15,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .checks import positive_int, seed as check_seed
+from .moe import MoEMLP
 from .weight_grad import Linear
 
 
@@ -35,6 +36,10 @@ class ModelConfig:
     # "contexts": each character is split into vocab_size // 52 variants by its context
     # (data.context_tokens), so a large vocabulary is used by the data, not just allocated.
     tokens: str = "chars"
+    n_experts: int | None = None     # None or 0: dense MLPs; E > 0: mixture-of-experts MLPs
+    top_k: int = 1                   # experts per token
+    capacity_factor: float = 1.25    # an expert takes ⌈c · tokens · k / E⌉ tokens of a sequence
+    aux_loss_coef: float = 0.01      # α of the load-balancing loss α · E · Σ fᵢ·Pᵢ
 
     def __post_init__(self) -> None:
         for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
@@ -55,6 +60,13 @@ class ModelConfig:
         if self.d_model % self.n_heads:
             raise ValueError(
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        from .moe import check_config
+        check_config(self)
+
+    @property
+    def moe(self) -> bool:
+        """Whether the blocks' MLPs are mixtures of experts."""
+        return bool(self.n_experts)
 
     @property
     def ffn_width(self) -> int:
@@ -148,15 +160,25 @@ class Block(nn.Module):
         self.core = AttentionCore(cfg.n_heads)
         self.proj = Linear(cfg.d_model, cfg.d_model)
         self.ln2 = nn.LayerNorm(cfg.d_model)
-        self.up = Linear(cfg.d_model, cfg.ffn_width)
-        self.down = Linear(cfg.ffn_width, cfg.d_model)
+        self.moe = None
+        if cfg.moe:
+            self.moe = MoEMLP(cfg.d_model, cfg.ffn_width, cfg.n_experts, cfg.top_k,
+                              cfg.capacity_factor, cfg.aux_loss_coef)
+        else:
+            self.up = Linear(cfg.d_model, cfg.ffn_width)
+            self.down = Linear(cfg.ffn_width, cfg.d_model)
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        if self.moe is not None:
+            return self.moe(x)
+        return self.down(F.gelu(self.up(x)))
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
         return self.proj(self.core(self.qkv(x)))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.ln1(x))
-        return x + self.down(F.gelu(self.up(self.ln2(x))))
+        return x + self.mlp(self.ln2(x))
 
 
 class Head(nn.Module):
@@ -181,6 +203,8 @@ def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
         layer = Head(cfg)
     else:
         layer = Block(cfg)
+        if layer.moe is not None:
+            layer.moe.layer = index
     _init_params(layer, _layer_generator(cfg, index))
     return layer
 
@@ -231,10 +255,16 @@ def layer_costs(cfg: ModelConfig, batch_size: int = 1) -> list[dict]:
     """
     s, b, h, f, v = cfg.seq_len, batch_size, cfg.d_model, cfg.ffn_width, cfg.vocab_size
     block_params = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h   # qkv, proj, up, down, two LNs
+    mlp_flops = 2 * s * b * 2 * h * f
+    if cfg.moe:        # the router and E experts held; the router and k experts run per token
+        from .moe import moe_parameter_counts
+        total, _active = moe_parameter_counts(h, f, cfg.n_experts, cfg.top_k)
+        block_params += total - (2 * h * f + f + h)
+        mlp_flops = 2 * s * b * (h * cfg.n_experts + cfg.top_k * 2 * h * f)
     rows = [dict(index=0, name="embedding", kind="embedding",
                  params=(v + s) * h, flops=s * b * h)]
     for i in range(cfg.n_layers):
-        matmul = 2 * s * b * (4 * h * h + 2 * h * f)
+        matmul = 2 * s * b * 4 * h * h + mlp_flops
         attention = 4 * b * s * s * h
         rows.append(dict(index=i + 1, name=f"block {i + 1}", kind="block",
                          params=block_params, flops=matmul + attention))

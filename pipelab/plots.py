@@ -8,7 +8,8 @@ KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868",
                 "U": "#937860",     # an optimizer update inside the schedule (asynchronous pipelines)
                 "R": "#DA8BC3",     # a recomputation of the forward (recompute.py)
                 "V": "#c9b8a8",     # a switch of the version later forwards read (PipeDream-2BW)
-                "Tp": "#17BECF"}    # a tensor-parallel all-reduce, on the communication lane
+                "Tp": "#17BECF",    # a tensor-parallel all-reduce, on the communication lane
+                "Ed": "#8C8C8C", "Ec": "#CCB974"}   # expert all-to-alls: dispatch, combine
 OTHER_COLOUR = "#8172B3"          # any kind added later (compound, collective, ...)
 CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "++")   # chunk 0 plain, as the papers draw it
 PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F5"}

@@ -54,6 +54,13 @@ class Board:
         at = rank * _ROW
         self._bytes[at:at + _ROW] = _PACK(step, position, state, detail, time.perf_counter())
 
+    def mark(self, rank: int, detail: int) -> None:
+        """Change only the detail of a rank's state (and its time): inside a running action,
+        say that it now waits in a collective of its own (or no longer does, detail 0)."""
+        row = rank * _FIELDS
+        self.array[row + 3] = detail
+        self.array[row + 4] = time.perf_counter()
+
     def reset(self) -> None:
         now = time.perf_counter()
         for rank in range(self.ranks):
@@ -69,4 +76,7 @@ class NoBoard:
     """Stand-in under torchrun, where no parent watches."""
 
     def set(self, *args, **kwargs) -> None:
+        pass
+
+    def mark(self, *args, **kwargs) -> None:
         pass

@@ -112,6 +112,7 @@ class LocalCluster:
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
             data_parallel: int = 1, tensor_parallel: int = 1, recompute=None,
+            expert_parallel: int = 1,
             _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
@@ -131,6 +132,8 @@ class LocalCluster:
         tensor_parallel: shards of each pipeline rank (Megatron tensor parallelism,
             parallel/tensor.py): every block is split over that many processes, which sum
             activations and input gradients with all-reduces (`Tp` events on the timeline).
+        expert_parallel: divide each MoE layer's experts over the data-parallel group (a mesh
+            of pipeline ranks × expert_parallel processes; parallel/expert.py).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         """
@@ -138,7 +141,8 @@ class LocalCluster:
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
-                           tensor_parallel=tensor_parallel, recompute=recompute)
+                           tensor_parallel=tensor_parallel, recompute=recompute,
+                           expert_parallel=expert_parallel)
         self.start()
         began = time.perf_counter()
         try:

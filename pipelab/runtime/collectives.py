@@ -61,7 +61,10 @@ class Reduction:
 def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None:
     if state.dp_group is None or state.replicas == 1:
         return None                   # one replica: nothing to sum
-    params = list(state.module(action.stage).parameters())
+    # Expert-parallel shards (parallel/expert.py) hold different experts on each replica:
+    # their gradients are already the whole batch's, and are not summed.
+    params = [p for p in state.module(action.stage).parameters()
+              if not getattr(p, "expert_shard", False)]
     state.in_flight.append(Reduction(action, params, state.dp_group))
     return None
 

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import os
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from ..data import get_batch
 from ..model import ModelConfig, ToyGPT, loss_fn
+from ..moe import loss_share
 from ..schedules import comm_plan
 from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
@@ -64,6 +66,10 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         if mesh.tp > 1 else None
     stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), tp)
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
+    if spec.expert_parallel > 1:                 # this replica keeps its share of the experts
+        from ..parallel.expert import place_experts
+        place_experts(stages.modules.values(), process_group(mesh.dp_group(pp)), replica,
+                      spec.expert_parallel, lambda detail: board.mark(rank, detail))
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
@@ -89,11 +95,20 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
                 {s: spec.recompute[s] for s in sched.stages_of(pp)}, meter)
         board.set(rank, k, 0, SYNC)
         dist.barrier()                 # every rank starts the step together: one time origin
-        report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
+        # Every forward this step (F, and a recomputation's) holds 1/(m · replicas) of the batch
+        # loss: MoE layers scale their aux loss's gradient alike.
+        with recording(spec.cfg.moe) as records, loss_share(1.0 / (state.m * state.replicas)):
+            report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
+        if records:
+            from ..parallel.expert import step_records
+            step = report["steps"][-1]
+            step["events"], step["routing"] = step_records(records, step["actions"])
         if state.versions is not None:       # updates inside the schedule: what they made
             report["versions"] = state.versions.report()
         elif k == 0 and spec.check and replica == 0:  # the replicas' summed gradients are equal
             report["grads"] = stages.gradients()
+        elif k == 0 and spec.check and spec.expert_parallel > 1:   # and its own experts'
+            report["grads"] = stages.gradients(lambda p: getattr(p, "expert_shard", False))
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)
         # The last step's update is skipped: its weights are never used again (every run
@@ -103,6 +118,17 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
             optimizer.step()
     board.set(rank, spec.steps - 1, len(plan), DONE)
     return report
+
+
+@contextmanager
+def recording(on: bool):
+    """What the step's MoE layers record (moe.recording), or nothing for a dense model."""
+    if not on:
+        yield []
+        return
+    from ..moe import recording as moe_recording
+    with moe_recording() as records:
+        yield records
 
 
 def warm_up() -> None:

@@ -2,8 +2,9 @@
 
 On a mesh of pp × dp processes two things can stall a step: a message along one replica's
 pipeline (the single-pipeline watchdog explains that, read in the replica's own coordinates),
-and a gradient all-reduce whose replicas do not all arrive ("pp 1 / dp 0 waits in all-reduce of
-stage 1's gradients (1AR); dp 1 never reached it: it is running 1AR").
+a gradient all-reduce whose replicas do not all arrive ("pp 1 / dp 0 waits in all-reduce of
+stage 1's gradients (1AR); dp 1 never reached it: it is running 1AR"), and an expert all-to-all
+inside an action that a peer of the data-parallel group never joins.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import re
 from dataclasses import replace
 
 from ..parallel.data_parallel import REDUCE
+from ..parallel.expert import IN_ALL_TO_ALL
 from .board import DONE, RUN, RankState
 from .errors import PipelineTimeout
 from .watchdog import describe, diagnose
@@ -21,6 +23,10 @@ def _in_reduction(state: RankState, plan) -> bool:
     steps = plan[state.pp]
     return state.state == RUN and state.detail == 1 and state.position < len(steps) and \
         steps[state.position].action.parts[0].kind == REDUCE
+
+
+def _in_all_to_all(state: RankState) -> bool:
+    return state.state == RUN and state.detail == IN_ALL_TO_ALL
 
 
 def _reached(other: RankState, index: int) -> bool:
@@ -45,6 +51,19 @@ def diagnose_mesh(states: list[RankState], spec, plan, timeout: float,
     for s in states:
         s.pp, s.dp, _tp = mesh.coords(s.rank)
     lines = [_line(s, plan, now) for s in states]
+    # 0. A process waits in an expert all-to-all (inside an action) that a peer never joined.
+    for s in sorted(stuck, key=lambda s: s.since):
+        if not _in_all_to_all(s):
+            continue
+        item = plan[s.pp][s.position].action
+        for d in range(mesh.dp):
+            other = states[mesh.rank(s.pp, d)]
+            if d == s.dp or (_in_all_to_all(other) and other.position == s.position):
+                continue
+            return _error(f"pipeline timed out: {mesh.name(s.rank)} waits in an expert "
+                          f"all-to-all inside {item} for {now - s.since:.1f} s (timeout "
+                          f"{timeout:g} s); {mesh.name(other.rank)} never joined it: "
+                          f"{_line(other, plan, now)}", other, item, now, lines, sched, states)
     # 1. A replica waits in a gradient all-reduce that another replica never reached.
     for s in sorted(stuck, key=lambda s: s.since):
         if not _in_reduction(s, plan):
@@ -93,6 +112,9 @@ def _line(s: RankState, plan, now: float) -> str:
         item = plan[s.pp][s.position].action
         text = (f"rank {s.pp} waits in all-reduce of stage {item.stage}'s gradients ({item}), "
                 f"for {now - s.since:.1f} s")
+    elif _in_all_to_all(s):
+        text = (f"rank {s.pp} waits in an expert all-to-all inside {plan[s.pp][s.position].action}"
+                f" (its step {s.position}), for {now - s.since:.1f} s")
     return _named(text, s.dp)
 
 

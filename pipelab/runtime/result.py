@@ -59,6 +59,8 @@ class RunResult:
     # Tensor parallelism: per pipeline rank (shard 0 of replica 0), the last step's all-reduces
     # as (pass, start, end, "forward" / "backward" / "forward, async"), seconds from its start.
     tp_all_reduces: dict[int, list] = field(default_factory=dict)
+    # MoE models: per step, tokens each expert was sent and dropped, per microbatch and layer
+    routing: list = field(default_factory=list)
 
     @property
     def mesh(self):
@@ -216,6 +218,9 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
         events += [Event(rep["rank"], Action(part.stage, TP_REDUCE, part.microbatch),
                          start - t0, end - t0, end - start)
                    for part, start, end, _what in step.get("tp", ())]
+        # spans recorded inside actions (an expert all-to-all), on the communication lane
+        events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
+                   for a, start, end, cpu in step.get("events", ())]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
     return Timeline(events, spec.schedule.ranks, source="measured", memory=memory,
                     memory_unit="bytes", title=spec.schedule.name, schedule=spec.schedule)
@@ -366,14 +371,19 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
-    elif spec.check:
+    if spec.cfg.moe:
+        from ..routing import routing_of
+        result.routing = [routing_of([rep["steps"][k] for replica in replicas for rep in replica],
+                                     sched.microbatches) for k in range(last + 1)]
+    if result.versions is None and spec.check:
         # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
         # weight replica's part are each checked (after their sum, each must hold the whole
-        # batch's gradient). A pipeline rank's tensor-parallel shards are put together first.
+        # batch's gradient). A pipeline rank's tensor-parallel shards are put together first;
+        # with expert parallelism every replica reports its own experts.
         replicated = _replicated_layers(spec)
         grads: dict = {}
-        for p in range(mesh.pp):
-            mine = unshard([every[mesh.rank(p, 0, t)]["grads"] or {} for t in range(mesh.tp)])
+        for p, d in ((p, d) for p in range(mesh.pp) for d in range(mesh.dp)):
+            mine = unshard([every[mesh.rank(p, d, t)]["grads"] or {} for t in range(mesh.tp)])
             for name, g in mine.items():
                 if int(name.split(".")[1]) in replicated:
                     grads.setdefault(name, []).append(g)

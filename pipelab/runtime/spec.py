@@ -38,6 +38,7 @@ class RunSpec:
     inject_replica: int | None = None    # test hook: inject only into this replica
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
     tensor_parallel: int = 1             # shards of each pipeline rank (parallel/tensor.py)
+    expert_parallel: int = 1             # the dp group divides each MoE layer's experts
 
     @property
     def mesh(self):
@@ -107,18 +108,24 @@ def _injections(schedule: Schedule, inject,
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
-                recompute=None, tensor_parallel: int = 1) -> RunSpec:
+                recompute=None, tensor_parallel: int = 1, expert_parallel: int = 1) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
-    replicas × `tensor_parallel` shards. With data_parallel > 1 each stage's gradient all-reduce is inserted into the
-    schedule (`with_data_parallel`) unless it already has them."""
+    replicas × `tensor_parallel` shards. With data_parallel > 1 each stage's gradient
+    all-reduce is inserted into the schedule (`with_data_parallel`) unless it already has them.
+    `expert_parallel` divides the experts over the data-parallel group (data_parallel becomes
+    expert_parallel)."""
     from ..parallel.data_parallel import has_reductions, with_data_parallel
+    from ..parallel.expert import check_expert_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
     dp = positive_int("data_parallel", data_parallel)
     tp = positive_int("tensor_parallel", tensor_parallel)
+    ep = positive_int("expert_parallel", expert_parallel)
+    if ep > 1 and isinstance(model, (ModelConfig, type(None))):   # else refused below
+        dp = check_expert_parallel(model or ModelConfig(), ep, dp)
     schedule.validate()
     if tp > 1 and schedule.ranks * dp * tp != ranks:
         raise ValueError(
@@ -163,10 +170,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
     from ..recompute import prepare as prepare_recompute
     schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
-    if tp > 1 and (policies or sharded or "U" in schedule.kinds()):
+    if tp > 1 and (policies or sharded or "U" in schedule.kinds() or cfg.moe):
         raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
-                         "a sharded vocabulary or optimizer updates (U) inside the schedule: run "
-                         "one or the other")
+                         "a sharded vocabulary, optimizer updates (U) inside the schedule or a "
+                         "mixture-of-experts model (n_experts): run one or the other")
     plugins = plugins_for(schedule)
     m = schedule.microbatches
     batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
@@ -185,5 +192,5 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica, policies, tp)
+                   method, injections, plugins, dp, replica, policies, tp, ep)
 

@@ -45,11 +45,11 @@ class RankStages:
         for p, _, _ in self.shards.values():
             p.grad = None
 
-    def gradients(self) -> dict[str, torch.Tensor]:
+    def gradients(self, which=None) -> dict[str, torch.Tensor]:
         """Per parameter name, its gradient; a shard's is zero outside its rows, so the ranks'
-        reports sum to the whole parameter's."""
+        reports sum to the whole parameter's. `which(parameter)` picks some (default: all)."""
         grads = {name: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-                 for name, p in self.named_parameters()}
+                 for name, p in self.named_parameters() if which is None or which(p)}
         for name, (p, first, shape) in self.shards.items():
             full = torch.zeros(shape)
             if p.grad is not None:
