@@ -71,7 +71,8 @@ def main() -> None:
           f"d_model {cfg.d_model}, {cfg.total_layers} layers, partition='cost', median of "
           f"{args.repeats} runs each after a warm-up")
     head = (f"{'schedule':<12}{'sim bubble':>11}{'idle':>7}{'act peak':>9}{'weights':>8}"
-            f"{'| stage max/mean':>17}{'fitted':>8}{'G share':>8}{'replay':>8}{'wall':>8}{'act KiB':>9}{'weight KiB':>11}"
+            f"{'| stage max/mean':>17}{'fitted':>8}{'G share':>8}{'replay':>8}{'wall':>8}"
+            f"{'act KiB':>9}{'weight KiB':>11}"
             f"{'grad err':>10}")
     print(head)
     print("-" * len(head))
@@ -82,7 +83,7 @@ def main() -> None:
             continue
         sim = bidir.worst_idle(pl.compare.simulate_named(name, p, m, UNIT))
         runs = measured[name]
-        res = runs[0]                                     # the one checked against the unsplit model
+        res = runs[0]                           # the one checked against the unsplit model
 
         def median(bubble) -> float:
             return statistics.median(bubble(r) for r in runs)
@@ -93,7 +94,8 @@ def main() -> None:
         balance = max(flops) / (sum(flops) / len(flops))
         print(f"{name:<12}{row['bubble']:>11.1%}{sim:>7.3g}{row['peak']:>9.3g}{row['weights']:>7.3g}×"
               f"{balance:>17.2f}{median(lambda r: r.simulated.bubble_fraction()):>8.1%}"
-              f"{median(replica_sum_share):>8.1%}{median(lambda r: r.replay.bubble_fraction()):>8.1%}"
+              f"{median(replica_sum_share):>8.1%}"
+              f"{median(lambda r: r.replay.bubble_fraction()):>8.1%}"
               f"{median(lambda r: r.timeline.bubble_fraction()):>8.1%}"
               f"{act:>9.0f}{weights:>11.0f}{res.max_grad_error:>10.1e}")
     print(f"load average (1, 5, 15 min): {load_before[0]:.1f} {load_before[1]:.1f} "
