@@ -6,16 +6,27 @@ the zero-bubble ones: simulated (unit costs, the same model) and measured (live 
 Per schedule, simulated at F = I = W = 1 per rank's worth of layers: the bubble (idle share of
 the makespan), the worst rank's idle time, the peak activations of the busiest rank (units of a
 rank's worth of layers) and the weights per rank (× a rank's share of the model). Measured, one
-live run each on `--ranks` processes (the toy GPT with 2·ranks layers, so every schedule gets
-at least one layer per stage): the bubble of the replayed step (per-action CPU times, what
-dedicated cores would show) and of the wall-clock step, the peak live activation bytes of the
+live run each on `--ranks` processes, `--repeats` times (medians): the bubble of the step simulated
+from the run's fitted costs (one median cost per stage and kind: the dedicated-core picture, robust
+to a stray slow action), of the replayed step (every action's own CPU time) and of the wall-clock
+step, the peak live activation bytes of the
 busiest rank, the weight bytes of the busiest rank, and the max relative gradient error against
 the unsplit model. Wall-clock figures need a quiet machine: the load average is printed.
+
+A fair comparison needs stages of equal work, or the replayed bubble measures the partition,
+not the schedule: the toy GPT gets 4·ranks blocks (4 per stage for the one-stage-per-rank
+schedules, 2 per chunk for the V ones) and every run uses partition="cost", which places the
+embedding and the head where they least unbalance the stages. The `stage max/mean` column is
+the run's own partition: its busiest stage's FLOPs over the mean (1.00 is perfectly even). The
+`G share` column is the longest replica sum (`G`, the gradient all-reduce between the two copies
+of a part, at the end of the step) over the fitted step: the simulated columns charge it nothing,
+so where it is large the measured bubble of Chimera and DualPipe is the replica sum's price.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 
 import pipelab as pl
 from pipelab import bidirectional as bidir
@@ -23,18 +34,28 @@ from pipelab import bidirectional as bidir
 UNIT = pl.Costs(F=1.0, I=1.0, W=1.0)
 
 
+def replica_sum_share(res) -> float:
+    """The longest replica sum `G` of the run's fitted step, as a share of that step."""
+    tl = res.simulated
+    sums = [e.end - e.start for r in range(tl.ranks) for e in tl.events_of(r)
+            if e.action.kind == "G"]
+    return max(sums, default=0.0) / tl.makespan
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ranks", type=int, default=4)
     parser.add_argument("--microbatches", type=int, default=8)
     parser.add_argument("--d-model", type=int, default=128)
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per schedule")
     parser.add_argument("--quick", action="store_true", help="2 ranks, 4 microbatches, d_model 64")
     args = parser.parse_args()
     if args.quick:
         args.ranks, args.microbatches, args.d_model = 2, 4, 64
     p, m = args.ranks, args.microbatches
     table = {r["name"]: r for r in bidir.memory_table(p, m, UNIT)}
-    cfg = pl.ModelConfig(n_layers=2 * p - 2, d_model=args.d_model, n_heads=4, seq_len=16)
+    # 4p blocks: whole blocks for p stages and for a V's 2p, balanced by "cost" (docstring).
+    cfg = pl.ModelConfig(n_layers=4 * p, d_model=args.d_model, n_heads=4, seq_len=16)
     load_before = os.getloadavg()
     measured = {}
     with pl.LocalCluster(p) as cluster:
@@ -42,13 +63,17 @@ def main() -> None:
             if table[name].get("error"):
                 continue
             sched = pl.schedule(name, ranks=p, microbatches=m)
-            cluster.run(sched, model=cfg, check=False, progress=False)      # warm-up
-            measured[name] = cluster.run(sched, model=cfg, progress=False)
+            cluster.run(sched, model=cfg, partition="cost", check=False, progress=False)  # warm-up
+            measured[name] = [cluster.run(sched, model=cfg, partition="cost", check=k == 0,
+                                          progress=False) for k in range(args.repeats)]
     load_after = os.getloadavg()
     print(f"p={p}, m={m}; simulated at F=I=W=1 per rank's worth of layers; measured: toy GPT "
-          f"d_model {cfg.d_model}, {cfg.total_layers} layers, one run each after a warm-up")
+          f"d_model {cfg.d_model}, {cfg.total_layers} layers, partition='cost', median of "
+          f"{args.repeats} runs each after a warm-up")
     head = (f"{'schedule':<12}{'sim bubble':>11}{'idle':>7}{'act peak':>9}{'weights':>8}"
-            f"{'| replay':>10}{'wall':>8}{'act KiB':>9}{'weight KiB':>11}{'grad err':>10}")
+            f"{'| stage max/mean':>17}{'fitted':>8}{'G share':>8}{'replay':>8}{'wall':>8}"
+            f"{'act KiB':>9}{'weight KiB':>11}"
+            f"{'grad err':>10}")
     print(head)
     print("-" * len(head))
     for name in bidir.NAMES:
@@ -57,11 +82,21 @@ def main() -> None:
             print(f"{name:<12} refused: {row['error'][:70]}")
             continue
         sim = bidir.worst_idle(pl.compare.simulate_named(name, p, m, UNIT))
-        res = measured[name]
+        runs = measured[name]
+        res = runs[0]                           # the one checked against the unsplit model
+
+        def median(bubble) -> float:
+            return statistics.median(bubble(r) for r in runs)
         act = max(res.timeline.peak_activations().values()) / 1024
         weights = max(res.rank_parameter_bytes.values()) / 1024
+        parts = sorted(set(res.spec.bounds))                  # a replicated part counted once
+        flops = pl.Partition(cfg, parts, "run").loads("flops")
+        balance = max(flops) / (sum(flops) / len(flops))
         print(f"{name:<12}{row['bubble']:>11.1%}{sim:>7.3g}{row['peak']:>9.3g}{row['weights']:>7.3g}×"
-              f"{res.replay.bubble_fraction():>10.1%}{res.timeline.bubble_fraction():>8.1%}"
+              f"{balance:>17.2f}{median(lambda r: r.simulated.bubble_fraction()):>8.1%}"
+              f"{median(replica_sum_share):>8.1%}"
+              f"{median(lambda r: r.replay.bubble_fraction()):>8.1%}"
+              f"{median(lambda r: r.timeline.bubble_fraction()):>8.1%}"
               f"{act:>9.0f}{weights:>11.0f}{res.max_grad_error:>10.1e}")
     print(f"load average (1, 5, 15 min): {load_before[0]:.1f} {load_before[1]:.1f} "
           f"{load_before[2]:.1f} before, {load_after[0]:.1f} {load_after[1]:.1f} "

@@ -23,7 +23,10 @@ def dualpipe_bubble(stages: int, F: float, I: float, W: float,  # noqa: E741
                     overlap: float | None = None) -> float:
     """DeepSeek-V3's table: (PP/2 − 1)(F&B + B − 3W), PP the number of stages (p for DualPipe,
     2p for DualPipeV on p ranks), B = I + W the full backward. The idle time of the rank that
-    waits most; our simulator reproduces it exactly when F = I = W (the figure's proportions)."""
+    waits most. It counts DeepSeek's figure, where a forward and an input-gradient pass take
+    the same time: the simulated schedule (DeepSeek's order, action for action) gives exactly
+    this whenever F = I and W ≤ I, and something else otherwise (p=4, F:I:W = 1:1.5:0.5: 3, not
+    3.5; 2:1:1: 4, not 3)."""
     B = I + W
     return (stages / 2 - 1) * (pair_cost(F, B, overlap) + B - 3 * W)
 
@@ -112,6 +115,6 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
             share = ranks / stages        # a chunk's share of a rank's worth of layers
             print(f"DeepSeek's (PP/2−1)(F&B + B − 3W) with PP = {stages}: "
                   f"{dualpipe_bubble(stages, F * share, I * share, W * share, 0.0 if overlap else None):.4g}"
-                  f" (chunk costs; exact when F = I = W, when comm = 0)")
+                  f" (chunk costs; exact when F = I ≥ W and comm = 0)")
 
     return _slider_box(controls, draw, min_height="900px")

@@ -7,6 +7,8 @@ compute exactly what the unsplit model computes.
 """
 from __future__ import annotations
 
+import re
+
 import pytest
 
 import pipelab as pl
@@ -28,15 +30,33 @@ def worst_idle(tl) -> float:
     ("dualpipe-v", 1, 2), ("dualpipe-v", 2, 6), ("dualpipe-v", 4, 8), ("dualpipe-v", 4, 11),
 ])
 @pytest.mark.parametrize("overlap", [None, 0.0, 0.5])
-def test_dualpipe_bubble_is_deepseeks_table(name, ranks, microbatches, overlap):
+@pytest.mark.parametrize("F,I,W", [(1, 1, 1), (1, 1, 0.5), (2, 2, 0.5)])
+def test_dualpipe_bubble_is_deepseeks_table(name, ranks, microbatches, overlap, F, I, W):  # noqa: E741
     """(PP/2 − 1)(F&B + B − 3W), PP = stages (p for DualPipe, 2p for DualPipeV); F&B is F + B on
-    a CPU (overlap=None), max(F, B) + overlap where a GPU would overlap the pair."""
-    costs = pl.Costs(F=1, I=1, W=1, overlap=overlap)
+    a CPU (overlap=None), max(F, B) + overlap where a GPU would overlap the pair. Exact whenever
+    a forward costs what an input-gradient pass costs and W ≤ I (the proportions of DeepSeek's
+    figure), not only at F = I = W."""
+    costs = pl.Costs(F=F, I=I, W=W, overlap=overlap)
     tl = pl.simulate(pl.schedule(name, ranks=ranks, microbatches=microbatches), costs)
-    F, B, W = 1.0, 2.0, 1.0
+    B = I + W
     pair = F + B if overlap is None else max(F, B) + overlap
     stages = ranks if name == "dualpipe" else 2 * ranks
     assert worst_idle(tl) == pytest.approx((stages / 2 - 1) * (pair + B - 3 * W))
+
+
+@pytest.mark.parametrize("F,I,W,simulated,table", [
+    (1, 1.5, 0.5, 3.0, 3.5),      # I > F: the schedule does better than the table
+    (2, 1, 1, 4.0, 3.0),          # F > I: worse
+    (1, 1, 2, 2.0, 1.0),          # W > I: a W no longer fits the gap the table credits it with
+])
+def test_dualpipe_table_is_a_count_of_one_figure_not_a_law(F, I, W, simulated, table):
+    """Outside F = I ≥ W the table's expression is not the schedule's bubble. DeepSeek's own
+    order gives the same figures (it is ours action for action, test below), so this is the
+    formula being loose, not our schedule deviating. p = 4, m = 8, messages free."""
+    from pipelab.bidirectional import dualpipe_bubble
+    tl = pl.simulate(pl.schedule("dualpipe", ranks=4, microbatches=8), pl.Costs(F=F, I=I, W=W))
+    assert worst_idle(tl) == pytest.approx(simulated)
+    assert dualpipe_bubble(4, F, I, W) == pytest.approx(table)
 
 
 @pytest.mark.parametrize("name,ranks,microbatches,chunk_peak,copies", [
@@ -95,6 +115,38 @@ def test_dualpipe_v_equals_torchs_table(ranks):
         ours = pl.schedule("dualpipe-v", ranks=ranks, microbatches=m)
         assert [[str(a) for a in acts] for acts in ours.actions] == \
             torch_table("ScheduleDualPipeV", ranks, m, chunks=2), (ranks, m)
+
+
+def _relabel(row, stage, microbatch) -> list[str]:
+    """A rank's steps with stages and microbatches renamed (a pair's two parts each)."""
+    def one(part: str) -> str:
+        s, kind, mb = re.fullmatch(r"(\d+)([A-Z][A-Za-z]*)(\d+)", part).groups()
+        return f"{stage(int(s))}{kind}{microbatch(int(mb))}"
+    return ["+".join(one(part) for part in str(a).split("+")) for a in row if a.kind != "G"]
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 3])
+def test_dualpipe_is_dualpipe_v_unfolded(ranks):
+    """DualPipe on 2p ranks, 2m microbatches: its first p ranks run DualPipeV(p, m)'s steps (the
+    V's fold undone: stage 4p−1−r is 2p−1−r, the up stream's microbatch m + j is j), checked
+    against torch's independent ScheduleDualPipeV table; its last p ranks run their mirror
+    ranks' steps with the two directions swapped. Catches the DualPipe-only wiring: which chunk
+    is 0 on which half, the route numbering, which stream's microbatches a chunk takes."""
+    pytest.importorskip("torch.distributed.pipelining")
+    from torch.distributed.pipelining import schedules
+    if not hasattr(schedules, "ScheduleDualPipeV"):
+        pytest.skip("this torch has no ScheduleDualPipeV")
+    from pipelab.bench.torch_side import torch_table
+    p = ranks
+    for m in (2 * p, 2 * p + 1, 2 * p + 3):
+        dual = pl.schedule("dualpipe", ranks=2 * p, microbatches=2 * m).actions
+        torch_v = torch_table("ScheduleDualPipeV", p, m, chunks=2)
+        for r in range(p):
+            assert _relabel(dual[r], lambda s: s if s < 2 * p else s - 2 * p,
+                            lambda j: j % m) == torch_v[r], (p, m, r)
+            mirrored = _relabel(dual[r], lambda s: s + 2 * p if s < 2 * p else s - 2 * p,
+                                lambda j: (j + m) % (2 * m))
+            assert mirrored == _relabel(dual[2 * p - 1 - r], int, int), (p, m, r)
 
 
 # --- constraints, named before anything runs ------------------------------------------------------
