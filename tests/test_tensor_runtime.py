@@ -1,6 +1,6 @@
 """Tensor × pipeline parallelism live: 2 pipeline ranks × 2 tensor-parallel shards, exact
-against the unsplit model; every TP all-reduce on the timeline; STP's braided forwards
-launch theirs asynchronously."""
+against the unsplit model; every TP all-reduce on the timeline; STP's braided units (forwards,
+and backwards' input gradients) launch theirs asynchronously, interleaved with the partner's."""
 from __future__ import annotations
 
 import pytest
@@ -65,3 +65,28 @@ def test_stp_braided_forwards_launch_their_all_reduces_asynchronously(runs):
     # Unbraided schedules wait for every all-reduce where it is launched.
     plain = runs["1f1b"].tp_all_reduces
     assert all(what != "forward, async" for rank in (0, 1) for *_x, what in plain[rank])
+
+
+def test_stp_braided_backwards_launch_their_all_reduces_asynchronously_between_the_forwards(runs):
+    """In F+B and F+I the backward's input-gradient all-reduces are async, and the forward's
+    launches fall between them: each side computes while the other's sum travels."""
+    res = runs["stp"]
+    braids = 0
+    for rank in range(2):
+        for item in res.schedule.actions[rank]:
+            back = [p for p in item.parts if p.kind in "BI"]
+            if len(item.parts) < 2 or not back or blocks_in(res, back[0].stage) == 0:
+                continue
+            fwd = [p for p in item.parts if p.kind == "F"]
+            launches = sorted((s, part, what) for part, s, _e, what in res.tp_all_reduces[rank]
+                              if part in item.parts)
+            mine = [what for _s, part, what in launches if part == back[0]]
+            assert mine == ["backward, async"] * (2 * blocks_in(res, back[0].stage))
+            order = [part for _s, part, _w in launches]
+            first, last = order.index(back[0]), len(order) - 1 - order[::-1].index(back[0])
+            if fwd and blocks_in(res, fwd[0].stage):
+                assert fwd[0] in order[first:last], f"{item}: the backward ran whole"
+                braids += 1
+    assert braids > 0
+    plain = runs["1f1b"].tp_all_reduces
+    assert all(what != "backward, async" for rank in (0, 1) for *_x, what in plain[rank])

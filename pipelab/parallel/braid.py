@@ -8,20 +8,27 @@ executor lets the other part compute meanwhile (runtime/handlers.py, HandlerSpec
         sums (`async_op=True`), yield; when resumed, wait for it, add the residual; the same
         for the MLP. So a braided forward has its all-reduces in flight while the other part
         computes (the paper's F.attn(a) | B.mlp(b) | … braid).
+    B, I the plain handler's backward, run on a thread of its own in strict turns with the
+        executor (`in_turns`): where f's backward needs the input gradient summed, it launches
+        the all-reduce (`async_op=True`) and hands the turn back, so the other part computes
+        while the sum travels (B.mlp(b) | F.attn(a) | B.attn(b) | …); resumed, it waits and
+        goes on. Autograd cannot yield mid-graph, hence the thread; the turns are strict, so
+        only one of the two ever runs and they share the rank's state as one thread would.
     W   the deferred weight GEMMs one Linear at a time, yielding in between: a forward's
         all-reduce can run under them.
 
-B and I run whole, their all-reduces synchronous inside autograd (splitting a backward at the
-all-reduce would need the graph cut at every sub-layer): their compute still hides the
-forward's all-reduce, which is the F+B braid's first half. The arithmetic is the unbraided
-handlers' (the same sums, each added once), so the gradients are bit-identical.
+The arithmetic is the unbraided handlers' (the same sums, each added once), so the gradients
+are bit-identical.
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
-from ..runtime.handlers import forward_input, forward_output, register_braid
-from .tensor import TensorParallelBlock
+from ..runtime.handlers import (backward, forward_input, forward_output, input_backward,
+                                register_braid)
+from .tensor import TensorParallelBlock, pausing
 
 
 class _Summed(torch.autograd.Function):
@@ -61,3 +68,50 @@ def forward_braided(state, a, inputs: dict):
 def weight_braided(state, a, inputs: dict):
     yield from state.weight_grads.flush_steps(a.stage, a.microbatch)
     return None
+
+
+@register_braid("B")
+def backward_braided(state, a, inputs: dict):
+    return (yield from in_turns(lambda: backward(state, a, inputs)))
+
+
+@register_braid("I")
+def input_backward_braided(state, a, inputs: dict):
+    return (yield from in_turns(lambda: input_backward(state, a, inputs)))
+
+
+def in_turns(work):
+    """Run `work()` as a generator: on a thread of its own, which stops wherever the work
+    pauses (tensor.pausing) and then this generator yields; next() resumes it. Exactly one of
+    the caller and the work runs at any time. Returns what `work` returns, raises what it raises."""
+    turn_of_work, turn_of_caller = threading.Semaphore(0), threading.Semaphore(0)
+    outcome: dict = {}
+
+    def pause() -> None:
+        turn_of_caller.release()
+        turn_of_work.acquire()
+
+    def body() -> None:
+        turn_of_work.acquire()
+        try:
+            with pausing(pause):
+                outcome["value"] = work()
+        except BaseException as error:           # handed to the caller's thread below
+            outcome["error"] = error
+        finally:
+            outcome["done"] = True
+            turn_of_caller.release()
+
+    # A daemon: if the step fails while the work is paused, the worker still exits.
+    thread = threading.Thread(target=body, name=f"braid-{id(outcome)}", daemon=True)
+    thread.start()
+    while True:
+        turn_of_work.release()
+        turn_of_caller.acquire()
+        if "done" in outcome:
+            break
+        yield
+    thread.join()
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

@@ -21,7 +21,9 @@ the log into `Tp` events on the rank's communication lane, so the TP bubble show
 """
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -73,6 +75,23 @@ class _Pending:
             self.handle = None
 
 
+# Set on the thread of a braided backward (parallel/braid.py): a function that hands the turn
+# to the step's other part until it is this backward's turn again. Thread-local, because that
+# backward runs on a thread of its own while the executor's thread runs the other part.
+_braid = threading.local()
+
+
+@contextmanager
+def pausing(pause):
+    """Inside (on this thread): f's backward launches its all-reduce asynchronously and calls
+    `pause()` before waiting for it, so other work can run while the sum travels."""
+    _braid.pause = pause
+    try:
+        yield
+    finally:
+        _braid.pause = None
+
+
 class _CopyToShards(torch.autograd.Function):
     """Megatron's f: identity forward; backward, sum the input gradient over the group."""
 
@@ -84,7 +103,13 @@ class _CopyToShards(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         dy = dy.clone()
-        ctx.tp.all_reduce(dy, "backward")
+        pause = getattr(_braid, "pause", None)
+        if pause is None:
+            ctx.tp.all_reduce(dy, "backward")
+        else:
+            pending = ctx.tp.all_reduce(dy, "backward, async", async_op=True)
+            pause()                  # the braid's other part computes while the sum travels
+            pending.wait()
         return dy, None
 
 

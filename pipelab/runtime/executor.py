@@ -36,7 +36,7 @@ from .meter import ActivationMeter
 from .spec import RunSpec
 from .stage import RankStages, StepState
 from ..parallel.tensor import TensorParallel
-from ..parallel import braid as _braid  # noqa: F401  (registers the braided F and W)
+from ..parallel import braid as _braid  # noqa: F401  (registers the braided F, B, I and W)
 
 
 def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
