@@ -71,3 +71,31 @@ def test_bad_tensor_parallel_arguments_are_refused_before_any_process_starts():
         prepare_run(s, ranks=2, model=CFG, tensor_parallel=0)
     with pytest.raises(ValueError, match="not supported yet together with recompute"):
         prepare_run(s, ranks=4, model=CFG, tensor_parallel=2, recompute="full")
+
+
+def test_in_turns_stops_the_work_at_each_pause_and_hands_back_its_result_or_error():
+    """The braided backward's mechanism (parallel/braid.py), without processes: the work runs
+    only between the generator's resumptions, and its return value / exception come back."""
+    from pipelab.parallel import braid, tensor
+
+    trace = []
+
+    def work():
+        trace.append("launch")
+        tensor._braid.pause()          # what f's backward does after an async launch
+        trace.append("wait")
+        return 7
+
+    turns = braid.in_turns(work)
+    next(turns)
+    assert trace == ["launch"]         # stopped at the pause: the partner's turn
+    with pytest.raises(StopIteration) as stop:
+        next(turns)
+    assert stop.value.value == 7 and trace == ["launch", "wait"]
+
+    def failing():
+        raise ValueError("in the backward")
+
+    with pytest.raises(ValueError, match="in the backward"):
+        next(braid.in_turns(failing))
+    assert getattr(tensor._braid, "pause", None) is None     # not left set on this thread

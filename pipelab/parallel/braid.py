@@ -84,34 +84,46 @@ def in_turns(work):
     """Run `work()` as a generator: on a thread of its own, which stops wherever the work
     pauses (tensor.pausing) and then this generator yields; next() resumes it. Exactly one of
     the caller and the work runs at any time. Returns what `work` returns, raises what it raises."""
-    turn_of_work, turn_of_caller = threading.Semaphore(0), threading.Semaphore(0)
-    outcome: dict = {}
-
-    def pause() -> None:
-        turn_of_caller.release()
-        turn_of_work.acquire()
-
-    def body() -> None:
-        turn_of_work.acquire()
-        try:
-            with pausing(pause):
-                outcome["value"] = work()
-        except BaseException as error:           # handed to the caller's thread below
-            outcome["error"] = error
-        finally:
-            outcome["done"] = True
-            turn_of_caller.release()
-
-    # A daemon: if the step fails while the work is paused, the worker still exits.
-    thread = threading.Thread(target=body, name=f"braid-{id(outcome)}", daemon=True)
-    thread.start()
+    turns = _idle.pop() if _idle else _Turns()
+    turns.work = work
     while True:
-        turn_of_work.release()
-        turn_of_caller.acquire()
-        if "done" in outcome:
+        turns.go.release()
+        turns.back.acquire()
+        if "done" in turns.outcome:
             break
         yield
-    thread.join()
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
+    _idle.append(turns)        # (one abandoned mid-way stays paused: a daemon, never reused)
+    if "error" in turns.outcome:
+        raise turns.outcome["error"]
+    return turns.outcome["value"]
+
+
+class _Turns:
+    """A thread that runs work items in strict turns with its caller. Kept for the next item:
+    starting a thread on a loaded machine waits for a scheduler slice (measured: STP's step
+    took 2-3x longer with a fresh thread per backward), waking a sleeping one does not."""
+
+    def __init__(self):
+        self.go, self.back = threading.Semaphore(0), threading.Semaphore(0)
+        self.work, self.outcome = None, {}
+        threading.Thread(target=self._serve, name="braid", daemon=True).start()
+
+    def pause(self) -> None:
+        self.back.release()
+        self.go.acquire()
+
+    def _serve(self) -> None:
+        while True:
+            self.go.acquire()
+            self.outcome = {}
+            try:
+                with pausing(self.pause):
+                    self.outcome["value"] = self.work()
+            except BaseException as error:       # handed to the caller's thread by in_turns
+                self.outcome["error"] = error
+            self.work = None
+            self.outcome["done"] = True
+            self.back.release()
+
+
+_idle: list[_Turns] = []       # this process's threads with no work (one per braided backward at once)
