@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import json
+
 import nbformat
 import pytest
 
@@ -20,3 +22,11 @@ def test_notebook_is_committed_without_outputs(path):
     dirty = [i for i, cell in enumerate(nb.cells) if cell.cell_type == "code"
              and (cell.outputs or cell.execution_count is not None)]
     assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_every_cell_has_an_id(path):
+    # Read the raw JSON: nbformat.read quietly adds missing ids (and warns that it will stop).
+    cells = json.loads(path.read_text())["cells"]
+    missing = [i for i, cell in enumerate(cells) if not cell.get("id")]
+    assert not missing, f"{path.name}: cells {missing} have no id; save it from JupyterLab"
