@@ -93,26 +93,43 @@ def _check_rows(rows: int) -> None:
         raise ValueError(f"rows must be a whole number of sequences >= 1, got {rows!r}")
 
 
-def _ends(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
+def _ends(cfg: ModelConfig, start: int, stop: int, rows: int, sharded: bool = False) -> int:
     """The embedding's and the head's saved bytes, where the layers hold them (never recomputed:
-    the embedding keeps only token ids, the head and loss are one small layer)."""
+    the embedding keeps only token ids, the head and loss are one small layer). `sharded`
+    (vocabulary parallelism, parallel/vocab_passes.py): the first stage adds positions to word
+    vectors that arrive (it keeps the position ids only) and the last keeps its LayerNorm alone
+    (input, mean, 1/std); the output layer's bytes are the vocabulary passes' (`vocab_bytes`)."""
     t, h, v = rows * cfg.seq_len, cfg.d_model, cfg.vocab_size
     total = 0
     if start == 0:           # token ids and positions, for the embedding's backward
-        total += t * INDEX + cfg.seq_len * INDEX
-    if stop == cfg.total_layers:
+        total += (0 if sharded else t * INDEX) + cfg.seq_len * INDEX
+    if stop == cfg.total_layers and sharded:
+        total += (t * h + 2 * t) * FLOAT
+    elif stop == cfg.total_layers:
         total += (2 * t * h + 2 * t) * FLOAT       # LayerNorm input, mean, 1/std; its output
         total += t * v * FLOAT + t * INDEX + FLOAT  # log-softmax, targets, the loss's weight sum
     return total
 
 
+def vocab_bytes(cfg: ModelConfig, rows: int, ranks: int, rank: int) -> tuple[int, int]:
+    """Vocabulary parallelism on `ranks` ranks, rank `rank`: (bytes of its vocabulary shard's
+    parameters, bytes its S keeps for its T per microbatch). The shard holds V_r rows of the
+    token table and of the output projection (one table when tied); S keeps its copy of X
+    (t·h floats) and the shard's softmax (t·V_r floats), held in the meter until T."""
+    from .parallel.vocab import shard_rows
+    first, stop = shard_rows(cfg.vocab_size, ranks, rank)
+    t, h, tables = rows * cfg.seq_len, cfg.d_model, 1 if cfg.tie_embeddings else 2
+    return tables * (stop - first) * h * FLOAT, (t * h + t * (stop - first)) * FLOAT
+
+
 def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
-                     policy: str = "none", k: int | None = None) -> int:
+                     policy: str = "none", k: int | None = None, sharded: bool = False) -> int:
     """Bytes the layers [start, stop) keep alive for one microbatch of `rows` sequences between
     its forward and its backward (or its recomputation `R`, when `policy` is not `none`).
 
     `every-k` keeps the input of every k-th block of the range (blocks start, start+k, …);
-    k defaults to `default_k` of the range's blocks. k=1 is `full`."""
+    k defaults to `default_k` of the range's blocks. k=1 is `full`. `sharded`: the
+    vocabulary is sharded over the ranks (`_ends`)."""
     _check_range(cfg, start, stop)
     _check_rows(rows)
     k = check_policy(policy, k)
@@ -122,7 +139,7 @@ def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
         blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full") if n else 0
     else:
         blocks = n * block_bytes(cfg, rows, policy)
-    return blocks + _ends(cfg, start, stop, rows)
+    return blocks + _ends(cfg, start, stop, rows, sharded)
 
 
 def recompute_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
@@ -151,7 +168,8 @@ def input_grad_transient(cfg: ModelConfig, start: int, stop: int, rows: int) -> 
     return rows * cfg.seq_len * cfg.d_model * FLOAT
 
 
-def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int) -> int:
+def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
+                      sharded: bool = False) -> int:
     """Bytes an input-gradient pass `I` leaves for its `W` (weight_grad.py): the input and
     output gradient of every Linear, each storage once — per block 8·t·h + 2·t·f floats, the
     head t·h + t·vocab. The same whatever the recomputation policy: `R` restored everything."""
@@ -159,7 +177,7 @@ def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int) -> int
     _check_rows(rows)
     t, h, f = rows * cfg.seq_len, cfg.d_model, cfg.ffn_width
     total = _blocks(cfg, start, stop) * (8 * t * h + 2 * t * f) * FLOAT
-    if stop == cfg.total_layers:
+    if stop == cfg.total_layers and not sharded:     # sharded: the head has no Linear
         total += (t * h + t * cfg.vocab_size) * FLOAT
     return total
 
@@ -169,33 +187,52 @@ def _tied(cfg: ModelConfig, start: int, stop: int) -> bool:
     return cfg.tie_embeddings and start == 0 and stop == cfg.total_layers
 
 
-def parameter_count(cfg: ModelConfig, start: int, stop: int) -> int:
-    """Parameters of the layers [start, stop) as `build_layers` makes them."""
+def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
+    """Parameters of the layers [start, stop) as `build_layers` makes them; `sharded`: without
+    the token table and the output projection, which vocabulary parallelism cuts into shards
+    (`vocab_bytes`): the position table and the final LayerNorm stay."""
     _check_range(cfg, start, stop)
     h, f, v, s = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.seq_len
     block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
     total = _blocks(cfg, start, stop) * block
     if start == 0:
-        total += (v + s) * h
+        total += (0 if sharded else v * h) + s * h
     if stop == cfg.total_layers:
-        total += 2 * h + (0 if _tied(cfg, start, stop) else v * h)
+        total += 2 * h + (0 if sharded or _tied(cfg, start, stop) else v * h)
     return total
 
 
-def parameter_bytes(cfg: ModelConfig, start: int, stop: int) -> int:
+def parameter_bytes(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
     """Bytes of the float32 parameters of layers [start, stop) (their gradients take as many)."""
-    return parameter_count(cfg, start, stop) * FLOAT
+    return parameter_count(cfg, start, stop, sharded) * FLOAT
 
 
-def _parameter_tensors(cfg: ModelConfig, start: int, stop: int) -> int:
+def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
     tensors = 12 * _blocks(cfg, start, stop)          # 4 Linears and 2 LayerNorms, weight + bias
-    tensors += 2 if start == 0 else 0                 # token and position tables
+    tensors += (1 if sharded else 2) if start == 0 else 0   # token and position tables
     if stop == cfg.total_layers:
-        tensors += 2 + (0 if _tied(cfg, start, stop) else 1)
+        tensors += 2 + (0 if sharded or _tied(cfg, start, stop) else 1)
     return tensors
 
 
-def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "adamw") -> int:
+def static_bytes(cfg: ModelConfig, bounds, stages_of, ranks: int, optimizer: str = "adamw",
+                 vocab: bool = False) -> list[int]:
+    """Per rank: parameters, their gradients and the optimizer state of its stages
+    (`stages_of(rank)`), and under vocabulary parallelism (`vocab`) its vocabulary shard's,
+    whose AdamW state adds one step count per shard table."""
+    per_stage = [2 * parameter_bytes(cfg, a, b, vocab) + optimizer_bytes(cfg, a, b, optimizer, vocab)
+                 for a, b in bounds]
+    out = [sum(per_stage[s] for s in stages_of(r)) for r in range(ranks)]
+    if vocab:
+        tables = 1 if cfg.tie_embeddings else 2
+        for r in range(ranks):
+            shard = vocab_bytes(cfg, 1, ranks, r)[0]
+            out[r] += 2 * shard + (0 if optimizer == "sgd" else 2 * shard + FLOAT * tables)
+    return out
+
+
+def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "adamw",
+                    sharded: bool = False) -> int:
     """Bytes of optimizer state for layers [start, stop): AdamW (what the runtime uses) keeps
     two float32 moments per parameter and a float32 step count per parameter tensor; plain
     SGD keeps nothing."""
@@ -204,7 +241,8 @@ def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "a
         return 0
     if optimizer != "adamw":
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    return 2 * parameter_bytes(cfg, start, stop) + FLOAT * _parameter_tensors(cfg, start, stop)
+    return (2 * parameter_bytes(cfg, start, stop, sharded)
+            + FLOAT * _parameter_tensors(cfg, start, stop, sharded))
 
 
 def check_policy(policy: str, k: int | None = None) -> int | None:
@@ -221,19 +259,25 @@ def check_policy(policy: str, k: int | None = None) -> int | None:
     return k
 
 
-def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None) -> dict[str, list[tuple[int, int]]]:
+def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
+                 vocab: bool = False) -> dict[str, list[tuple[int, int]]]:
     """Per kind, per stage: (bytes added at its start, bytes released at its end) by one
     microbatch's action — F keeps the policy's bytes, R restores the rest (and holds its
-    transient), B releases all, I all but what it leaves W (with its own transient), W that. `policies`: one
-    recompute.Policy (or None for `none`) per stage."""
+    transient), B releases all, I all but what it leaves W (with its own transient), W that.
+    `policies`: one recompute.Policy (or None for `none`) per stage. `vocab`: the vocabulary
+    is sharded over the ranks (one stage each): S on stage r keeps rank r's `vocab_bytes`,
+    its T lets them go."""
     out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in "FRBIW"}
+    if vocab:
+        kept = [vocab_bytes(cfg, rows, len(bounds), r)[1] for r in range(len(bounds))]
+        out["S"], out["T"] = [(b, 0) for b in kept], [(0, b) for b in kept]
     for s, (start, stop) in enumerate(bounds):
         p = policies[s] if policies else None
         name, k = (p.name, p.k) if p is not None else ("none", None)
-        full = activation_bytes(cfg, start, stop, rows)
-        kept = activation_bytes(cfg, start, stop, rows, name, k)
+        full = activation_bytes(cfg, start, stop, rows, sharded=vocab)
+        kept = activation_bytes(cfg, start, stop, rows, name, k, vocab)
         extra = transient_bytes(cfg, start, stop, rows, name, k)
-        stash = weight_grad_bytes(cfg, start, stop, rows)
+        stash = weight_grad_bytes(cfg, start, stop, rows, vocab)
         moment = input_grad_transient(cfg, start, stop, rows)
         out["F"].append((kept, 0))
         out["R"].append((full - kept + extra, extra))

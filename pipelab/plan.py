@@ -4,15 +4,18 @@
     best = pl.plan(cfg, devices=8, memory_per_device=256 * 2**20, calibration=cal).best
 
 `plan` enumerates schedule × pipeline degree × data-parallel degree × microbatches × chunks ×
-recomputation policy, predicts each candidate's step time with the simulator (costs from the
+recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules: the embedding
+and output layer sharded over the pipeline ranks), predicts each candidate's step time with the simulator (costs from the
 calibration, one simulation per candidate; a policy's recomputations are `R` actions placed by
 `with_recompute`, as the runtime places them) and its peak memory per rank in bytes with the
 byte model (memory.action_bytes) read along the simulated timeline, and ranks them by time.
 
-The mesh axes are pipeline (p) and data (dp) with p × dp = devices: the runtime's mesh has
-tp = 1. Vocabulary, tensor and expert parallelism are further axes of `_meshes` (a degree each,
-its divisors of the devices), and a factor each on the stage costs and bytes in `_costs` and
-`_bytes`, once the model and runtime have them.
+The mesh axes are pipeline (p) and data (dp) with p × dp = devices. Vocabulary parallelism
+shards over the pipeline ranks (dp = 1, as the runtime runs it): its passes are costed from
+the calibrated head and embedding layers divided over the shards (`_vocab_kinds`), its bytes
+come from memory.py (`vocab_bytes`, `static_bytes`). Tensor and expert parallelism are further
+axes of `_meshes` (a degree each, dividing the devices), and a factor each on the stage costs
+and bytes in `_costs` and `_predict`.
 """
 from __future__ import annotations
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from .calibrate import Calibration, calibrate
 from .checks import positive_int
-from .memory import action_bytes, optimizer_bytes, parameter_bytes
+from .memory import action_bytes, parameter_bytes, static_bytes
 from .model import ModelConfig
 from .parallel import with_data_parallel
 from .partition import balanced_bounds
@@ -33,8 +36,10 @@ from .schedules import SCHEDULES, Action, schedule as make_schedule
 from .schedules.gcpause import without_gc
 from .simulate import Costs, simulate
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v")
+SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "vocab-1",
+                  "vocab-2")
 CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with several stages per rank
+VOCAB = {"vocab-1", "vocab-2"}            # the vocabulary sharded over the pipeline ranks
 POLICIES = ("none", "selective", "full", "every-k")
 MiB = 2**20
 
@@ -61,6 +66,11 @@ class Candidate:
     def peak_memory(self) -> int:
         """Predicted peak bytes on the fullest device."""
         return max(self.memory_by_rank)
+
+    @property
+    def vocab(self) -> bool:
+        """Whether the embedding and output layer are sharded over the pipeline ranks."""
+        return self.schedule in VOCAB
 
     @property
     def devices(self) -> int:
@@ -170,10 +180,12 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
             for v in (chunks if name in CHUNKED else (1,)):
                 if p * v > cfg.total_layers or (v > 1 and p == 1):
                     continue                     # interleaving needs a pipeline to interleave
+                if name in VOCAB and (p == 1 or dp > 1):
+                    continue                     # shards over 2+ ranks; the runtime has no dp
                 sched = _schedule(name, p, m, v, dp)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
-                bounds = _bounds(cal, p * v, per_replica // m)
+                bounds = _bounds(cal, p * v, per_replica // m, name in VOCAB)
                 again = None                     # the schedule with its recomputations R
                 for policy in recompute:
                     c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds)
@@ -228,10 +240,12 @@ def _schedule(name: str, p: int, m: int, v: int, dp: int):
         return None
 
 
-def _bounds(cal: Calibration, stages: int, rows: int) -> list[tuple[int, int]]:
-    """The contiguous split balancing the calibrated forward + backward time."""
+def _bounds(cal: Calibration, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
+    """The contiguous split balancing the calibrated forward + backward time (with the
+    vocabulary sharded, the embedding and head weigh nothing: every rank runs a shard)."""
     n = cal.cfg.total_layers
-    weights = [cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
+    weights = [0.0 if vocab and i in (0, n - 1) else
+               cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
                for i in range(n)]
     return balanced_bounds(weights, stages)
 
@@ -240,28 +254,51 @@ def _costs(c: Candidate, cal: Calibration) -> Costs:
     """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
     overhead on every action, and the recomputation `R` its policy repeats."""
     F, I, W, R = [], [], [], []
+    last = cal.cfg.total_layers - 1
     for a, b in c.bounds:
+        if c.vocab:              # the embedding and the head run as the shards' passes
+            a, b = max(a, 1), min(b, last)
         grad_in, grad_w = cal.backward_time(a, b, c.rows)
         F.append(cal.forward_time(a, b, c.rows) + cal.overhead)
         I.append(grad_in + cal.overhead)
         W.append(grad_w + cal.overhead)
         R.append(cal.recompute_time(a, b, c.rows, c.recompute) + cal.overhead)
     message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
+    kinds = {RECOMPUTE: R, **(_vocab_kinds(c, cal) if c.vocab else {})}
     return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
-                 kinds={RECOMPUTE: R}, comm=cal.latency + message / cal.bandwidth, unit="s",
+                 kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
                  bandwidth=cal.bandwidth, latency=cal.latency,
                  parameter_bytes=[parameter_bytes(cal.cfg, a, b) for a, b in c.bounds],
                  replicas=c.data_parallel)
+
+
+def _vocab_kinds(c: Candidate, cal: Calibration) -> dict[str, float]:
+    """Costs of the vocabulary passes, derived from the calibrated layers (not measured per
+    shard): S is the head's forward over 1/p of the vocabulary, T its backward (dW_r, and dX_r
+    under vocab-1), Vf and Vb the embedding's forward and backward over 1/p of it plus their
+    collective of one activation; each barrier is its all-reduces (latency each, ring
+    bandwidth): Cs the max, then the sum and target logit (2 floats a token); Ct the
+    output-layer input gradient (h a token); C the max, then 2 + 2h floats a token."""
+    p, head = c.pipeline, cal.cfg.total_layers - 1
+    tokens, h = c.rows * cal.cfg.seq_len, cal.cfg.d_model
+
+    def all_reduce(floats: int, rounds: int = 1) -> float:
+        return rounds * cal.latency + 2 * (p - 1) / p * floats * 4 / cal.bandwidth
+
+    return {"S": cal.forward_time(head, head + 1, c.rows) / p + cal.overhead,
+            "T": sum(cal.backward_time(head, head + 1, c.rows)) / p + cal.overhead,
+            "Vf": cal.forward_time(0, 1, c.rows) / p + all_reduce(tokens * h),
+            "Vb": sum(cal.backward_time(0, 1, c.rows)) / p + all_reduce(tokens * h),
+            "Cs": all_reduce(2 * tokens, rounds=2), "Ct": all_reduce(tokens * h),
+            "C": all_reduce(tokens * (2 + 2 * h), rounds=2)}
 
 
 def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
     cfg = cal.cfg
     tl = simulate(sched, _costs(c, cal))
     c.step_time = tl.makespan
-    static = [2 * parameter_bytes(cfg, a, b) + optimizer_bytes(cfg, a, b, optimizer)
-              for a, b in c.bounds]
-    c.static = [sum(static[s] for s in sched.stages_of(r)) for r in range(sched.ranks)]
-    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds))
+    c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab)
+    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab)
     c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(v).T) for kind, v in table.items()})
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import inspect
 import statistics
 
-from .memory import optimizer_bytes
+from .memory import static_bytes
 from .plan import MiB, Candidate, Plan
 
 
@@ -43,9 +43,8 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
                       data_parallel=candidate.data_parallel, **extra)
     spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
     cfg, sched = plan.cfg, res.schedule
-    static = [2 * b + optimizer_bytes(cfg, *bounds)
-              for b, bounds in zip(res.parameter_bytes(), candidate.bounds)]
-    held = {r: sum(static[s] for s in sched.stages_of(r)) for r in range(sched.ranks)}
+    held = dict(enumerate(static_bytes(cfg, res.spec.bounds, sched.stages_of, sched.ranks,
+                                       vocab=candidate.vocab)))
     measured = {r: held[r] + res.peak_activations[r] for r in held}
     return {"candidate": candidate.label(),
             "predicted_time": candidate.step_time, "measured_time": statistics.median(spans),
