@@ -6,14 +6,14 @@ actions at their measured CPU times placed by the simulator — what dedicated c
 and the fair comparison on a machine whose cores the ranks share with other work. Peak memory per device: the activation meter's peak (bytes autograd
 saved for backward, runtime/meter.py) plus the parameters, gradients and optimizer state of the
 rank's stages, counted from the live run's stages (RunResult.parameter_bytes) — the static part
-is not sampled from the process (its RSS holds torch itself), the activations are.
+is not sampled from the process (its RSS holds torch itself), the activations are. The static
+part is counted on the rank's stages built as its worker builds them (`held_bytes`).
 """
 from __future__ import annotations
 
 import inspect
 import statistics
 
-from .memory import static_bytes
 from .plan import MiB, Candidate, Plan
 
 
@@ -43,8 +43,7 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
                       data_parallel=candidate.data_parallel, **extra)
     spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
     cfg, sched = plan.cfg, res.schedule
-    held = dict(enumerate(static_bytes(cfg, res.spec.bounds, sched.stages_of, sched.ranks,
-                                       vocab=candidate.vocab)))
+    held = {r: held_bytes(res.spec, r) for r in range(sched.ranks)}
     measured = {r: held[r] + res.peak_activations[r] for r in held}
     return {"candidate": candidate.label(),
             "predicted_time": candidate.step_time, "measured_time": statistics.median(spans),
@@ -53,6 +52,26 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
             "predicted_activations": max(candidate.activation_peak),
             "measured_activations": max(res.peak_activations.values()),
             "run": res}
+
+
+def held_bytes(spec, rank: int) -> int:
+    """Bytes pipeline rank `rank` of a run holds outside activations, counted on its stages
+    built as the worker builds them (vocabulary shards included): the parameters, as many
+    gradients, and the state torch's AdamW makes after one step."""
+    import torch
+
+    from .runtime.handlers import run_setups
+    from .runtime.stage import RankStages
+    stages = RankStages(spec.cfg, spec.bounds, spec.schedule.stages_of(rank))
+    run_setups(spec, rank, stages)
+    params = stages.parameters()
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    optimizer = torch.optim.AdamW(params)
+    optimizer.step()
+    state = sum(t.nbytes for s in optimizer.state.values() for t in s.values()
+                if isinstance(t, torch.Tensor))
+    return 2 * sum(p.nbytes for p in params) + state
 
 
 def table(rows: list[dict]) -> str:

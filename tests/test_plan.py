@@ -160,3 +160,66 @@ def test_calibrate_with_a_cluster_measures_the_runtime():
     assert tripled.recompute_time(0, L, 2, "full") == pytest.approx(
         3 * tripled.forward_time(1, L - 1, 2))
     assert tripled.recompute_time(0, L, 2, "selective") == synthetic().recompute_time(0, L, 2, "selective")
+
+
+VOCAB_CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=16, vocab_size=1001)
+
+
+def head_heavy(cfg=VOCAB_CFG) -> Calibration:
+    """Exact costs with a head 20 times a block (a large vocabulary), links free."""
+    n = cfg.total_layers
+    w, core = flop_shares(cfg)
+    fwd = [(1e-3, 0.0)] * (n - 1) + [(2e-2, 0.0)]
+    return Calibration(cfg, tuple(fwd), tuple((2 * a, 0.0) for a, _ in fwd), w, core,
+                       latency=0.0, bandwidth=1e15)
+
+
+def test_vocabulary_parallelism_is_searched_where_the_runtime_runs_it(wide):
+    shapes = {(c.pipeline, c.data_parallel) for c in wide if c.vocab}
+    assert shapes == {(4, 1)}      # p >= 2 shards and dp = 1: (2, 2) and (1, 4) are left out
+    assert {c.schedule for c in wide if c.vocab} == {"vocab-1", "vocab-2"}
+
+
+def test_vocabulary_passes_split_the_head_over_the_ranks_without_losing_work():
+    cal = head_heavy()
+    p = plan(VOCAB_CFG, devices=4, memory_per_device=10**12, calibration=cal, batch_size=8,
+             schedules=["1f1b", "vocab-2"], microbatches=[8], recompute=["none"])
+    base, vocab = one(p, schedule="1f1b", pipeline=4), one(p, schedule="vocab-2", pipeline=4)
+
+    def compute(c):              # busy seconds on the compute lanes, every rank
+        return sum(e.duration for e in p.timeline(c).events
+                   if e.action.kind in ("F", "B", "S", "T"))
+    L = VOCAB_CFG.total_layers
+    head = cal.forward_time(L - 1, L, 1) + sum(cal.backward_time(L - 1, L, 1))
+    embed = cal.forward_time(0, 1, 1) + sum(cal.backward_time(0, 1, 1))
+    # the head's work moves into S and T (a quarter on each rank), the embedding's off compute
+    assert compute(vocab) == pytest.approx(compute(base) - 8 * embed)
+    assert compute(base) - 8 * (embed + head) > 0
+    assert vocab.step_time < 0.5 * base.step_time       # the last rank no longer carries it all
+
+
+def test_vocabulary_shards_hold_every_parameter_once():
+    from pipelab.memory import vocab_bytes
+    L = VOCAB_CFG.total_layers
+    for p in (2, 3, 4):
+        bounds = [(0, 2), (2, 4), (4, L)] if p == 3 else [(0, 2), (2, L)] if p == 2 else \
+            [(0, 2), (2, 3), (3, 4), (4, L)]
+        sharded = sum(parameter_bytes(VOCAB_CFG, a, b, sharded=True) for a, b in bounds) + \
+            sum(vocab_bytes(VOCAB_CFG, 1, p, r)[0] for r in range(p))
+        assert sharded == parameter_bytes(VOCAB_CFG, 0, L)     # untied: both tables, once
+
+
+def test_vocabulary_candidates_run_live_hold_exactly_the_predicted_bytes():
+    from pipelab import plan_check
+    tied = replace(VOCAB_CFG, tie_embeddings=True)
+    for cfg, runs in [(VOCAB_CFG, [("vocab-1", "none"), ("vocab-2", "full")]),
+                      (tied, [("vocab-2", "none")])]:
+        p = plan(cfg, devices=2, memory_per_device=10**12, calibration=synthetic(cfg),
+                 batch_size=8, schedules=["vocab-1", "vocab-2"], microbatches=[4])
+        with pl.LocalCluster(ranks=2) as cluster:
+            for schedule, policy in runs:
+                c = one(p, schedule=schedule, recompute=policy)
+                row = plan_check.measure(c, p, cluster, steps=1)
+                live = row["run"].peak_activations
+                assert [live[r] for r in range(2)] == c.activation_peak, c.label()
+                assert row["measured_peak"] == row["predicted_peak"], c.label()
