@@ -188,13 +188,32 @@ def test_a_collective_from_a_user_module_runs_on_every_member(cluster):
     assert res.max_grad_error <= 1e-5
 
 
+STUCK = "0F0 0SY 0B0\n1F0 1B0 0SY"      # rank 1 never reaches the collective rank 0 waits in
+
+
 def test_a_stuck_collective_names_the_member_that_never_came(cluster):
-    sched = Schedule.from_text("0F0 0SY 0B0\n1F0 1B0 0SY", placement=[0, 1]).validate()
+    sched = Schedule.from_text(STUCK, placement=[0, 1]).validate()
+    # 1B0 stalls for ever, so the run cannot finish whatever the load; the timeout only has to
+    # outlast a descheduled rank 0 on its way to 0SY (2 s did not, twice, at load ~20)
     with pytest.raises(pl.PipelineTimeout) as info:
-        cluster.run(sched, model=CFG, timeout=2, _inject={"stall": "1B0"})
+        cluster.run(sched, model=CFG, timeout=4, _inject={"stall": "1B0"})
     message = str(info.value)
     assert "rank 0 waits in 0SY" in message and "which rank 1 has not reached" in message
     assert info.value.rank == 1
+
+
+@pytest.mark.parametrize("first", [0, 1])
+def test_the_stuck_collective_is_explained_whichever_rank_stopped_first(first):
+    """The watchdog on the board of the run above, with rank 0 reaching 0SY before or after
+    rank 1 entered its stalled 1B0 (the OS decides which): the same explanation."""
+    from pipelab.runtime.board import RUN, RankState
+    from pipelab.runtime.watchdog import diagnose
+    from pipelab.schedules.comm import comm_plan
+    sched = Schedule.from_text(STUCK, placement=[0, 1]).validate()
+    since = {first: 100.0, 1 - first: 100.5}
+    states = [RankState(0, 0, 1, RUN, 0, since[0]), RankState(1, 0, 1, RUN, 0, since[1])]
+    error = diagnose(states, sched, comm_plan(sched), 2.0, 110.0)
+    assert "which rank 1 has not reached" in str(error) and error.rank == 1
 
 
 def test_a_handler_defined_in_main_is_refused_before_any_worker_moves(cluster):

@@ -82,7 +82,11 @@ def diagnose(states: list[RankState], schedule, plan, timeout: float,
     stuck = [s for s in states if s.state != DONE and now - s.since > timeout]
     if not stuck:
         return None
-    start = min(stuck, key=lambda s: s.since)
+    # Follow the chain from the longest waiter (a rank in a receive or a collective): it leads
+    # to the culprit and says why. Starting at a rank that is computing would explain nothing,
+    # and which of the two got stuck first is up to the OS scheduler, not the schedule.
+    waiting = [s for s in stuck if s.state == RECV or _collective(s, plan) is not None]
+    start = min(waiting or stuck, key=lambda s: s.since)
     chain, culprit, lost, absent_from, cycle = [], start, None, None, False
     while True:
         if culprit.rank in chain:
