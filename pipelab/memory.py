@@ -36,11 +36,21 @@ CORE = ("q (head layout)", "k (head layout)", "causal mask", "attention probabil
         "v (head layout)")
 
 
-def block_saved(cfg: ModelConfig, rows: int) -> dict[str, int]:
-    """Bytes one block's forward saves for its backward, by tensor (each storage once)."""
+# What tensor parallelism splits over its t shards (parallel/tensor.py): q, k, v and the
+# probabilities of the shard's heads, the attention output it projects, its slice of the MLP's
+# hidden layer. The rest (LayerNorms' inputs, outputs and statistics: the column-parallel
+# Linears' inputs) every shard keeps whole.
+TENSOR_SPLIT = ("q (head layout)", "k (head layout)", "attention probabilities",
+                "v (head layout)", "proj input (attention output)", "GELU input",
+                "down input (GELU output)")
+
+
+def block_saved(cfg: ModelConfig, rows: int, tensor: int = 1) -> dict[str, int]:
+    """Bytes one block's forward saves for its backward, by tensor (each storage once); with
+    `tensor` > 1, on one of its tensor-parallel shards."""
     b, s, h, f, a = rows, cfg.seq_len, cfg.d_model, cfg.ffn_width, cfg.n_heads
     t = b * s
-    return {
+    saved = {
         "block input (LayerNorm 1's input)": t * h * FLOAT,
         "LayerNorm 1 mean, 1/std": 2 * t * FLOAT,
         "qkv input (LayerNorm 1's output)": t * h * FLOAT,
@@ -56,17 +66,18 @@ def block_saved(cfg: ModelConfig, rows: int) -> dict[str, int]:
         "GELU input": t * f * FLOAT,
         "down input (GELU output)": t * f * FLOAT,
     }
+    return {k: v // tensor if k in TENSOR_SPLIT else v for k, v in saved.items()}
 
 
-def block_bytes(cfg: ModelConfig, rows: int, policy: str = "none") -> int:
+def block_bytes(cfg: ModelConfig, rows: int, policy: str = "none", tensor: int = 1) -> int:
     """Bytes one block keeps from its forward to its recomputation: `none` all of
     `block_saved`, `selective` all but the attention core plus the qkv output the core is
     recomputed from, `full` (and a checkpointed block of `every-k`) only its input."""
-    saved = block_saved(cfg, rows)
+    saved = block_saved(cfg, rows, tensor)
     if policy == "none":
         return sum(saved.values())
     if policy == "selective":
-        qkv_output = 3 * rows * cfg.seq_len * cfg.d_model * FLOAT
+        qkv_output = 3 * rows * cfg.seq_len * cfg.d_model * FLOAT // tensor
         return sum(v for k, v in saved.items() if k not in CORE) + qkv_output
     if policy == "full":
         return saved["block input (LayerNorm 1's input)"]
@@ -123,22 +134,24 @@ def vocab_bytes(cfg: ModelConfig, rows: int, ranks: int, rank: int) -> tuple[int
 
 
 def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
-                     policy: str = "none", k: int | None = None, sharded: bool = False) -> int:
+                     policy: str = "none", k: int | None = None, sharded: bool = False,
+                     tensor: int = 1) -> int:
     """Bytes the layers [start, stop) keep alive for one microbatch of `rows` sequences between
     its forward and its backward (or its recomputation `R`, when `policy` is not `none`).
 
     `every-k` keeps the input of every k-th block of the range (blocks start, start+k, …);
     k defaults to `default_k` of the range's blocks. k=1 is `full`. `sharded`: the
-    vocabulary is sharded over the ranks (`_ends`)."""
+    vocabulary is sharded over the ranks (`_ends`); `tensor`: on one of t tensor-parallel
+    shards (`block_saved`)."""
     _check_range(cfg, start, stop)
     _check_rows(rows)
     k = check_policy(policy, k)
     n = _blocks(cfg, start, stop)
     if policy == "every-k":
         k = default_k(n) if k is None else k
-        blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full") if n else 0
+        blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full", tensor) if n else 0
     else:
-        blocks = n * block_bytes(cfg, rows, policy)
+        blocks = n * block_bytes(cfg, rows, policy, tensor)
     return blocks + _ends(cfg, start, stop, rows, sharded)
 
 
@@ -169,14 +182,16 @@ def input_grad_transient(cfg: ModelConfig, start: int, stop: int, rows: int) -> 
 
 
 def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
-                      sharded: bool = False) -> int:
+                      sharded: bool = False, tensor: int = 1) -> int:
     """Bytes an input-gradient pass `I` leaves for its `W` (weight_grad.py): the input and
     output gradient of every Linear, each storage once — per block 8·t·h + 2·t·f floats, the
-    head t·h + t·vocab. The same whatever the recomputation policy: `R` restored everything."""
+    head t·h + t·vocab. The same whatever the recomputation policy: `R` restored everything.
+    On one of `tensor` shards the column-parallel Linears' output gradients and the
+    row-parallel ones' inputs are split: per block 4·t·h + (4·t·h + 2·t·f)/tensor."""
     _check_range(cfg, start, stop)
     _check_rows(rows)
     t, h, f = rows * cfg.seq_len, cfg.d_model, cfg.ffn_width
-    total = _blocks(cfg, start, stop) * (8 * t * h + 2 * t * f) * FLOAT
+    total = _blocks(cfg, start, stop) * (4 * t * h + (4 * t * h + 2 * t * f) // tensor) * FLOAT
     if stop == cfg.total_layers and not sharded:     # sharded: the head has no Linear
         total += (t * h + t * cfg.vocab_size) * FLOAT
     return total
@@ -187,13 +202,15 @@ def _tied(cfg: ModelConfig, start: int, stop: int) -> bool:
     return cfg.tie_embeddings and start == 0 and stop == cfg.total_layers
 
 
-def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
+def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = False,
+                    tensor: int = 1) -> int:
     """Parameters of the layers [start, stop) as `build_layers` makes them; `sharded`: without
     the token table and the output projection, which vocabulary parallelism cuts into shards
-    (`vocab_bytes`): the position table and the final LayerNorm stay."""
+    (`vocab_bytes`): the position table and the final LayerNorm stay. `tensor`: on the first
+    of t tensor-parallel shards (the fullest: the row-parallel biases are its alone)."""
     _check_range(cfg, start, stop)
     h, f, v, s = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.seq_len
-    block = (3 * h * h + 3 * h) + (h * h + h) + (h * f + f) + (f * h + h) + 4 * h
+    block = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // tensor + 2 * h + 4 * h
     total = _blocks(cfg, start, stop) * block
     if start == 0:
         total += (0 if sharded else v * h) + s * h
@@ -202,9 +219,10 @@ def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = Fal
     return total
 
 
-def parameter_bytes(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
+def parameter_bytes(cfg: ModelConfig, start: int, stop: int, sharded: bool = False,
+                    tensor: int = 1) -> int:
     """Bytes of the float32 parameters of layers [start, stop) (their gradients take as many)."""
-    return parameter_count(cfg, start, stop, sharded) * FLOAT
+    return parameter_count(cfg, start, stop, sharded, tensor) * FLOAT
 
 
 def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
@@ -216,12 +234,12 @@ def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = 
 
 
 def static_bytes(cfg: ModelConfig, bounds, stages_of, ranks: int, optimizer: str = "adamw",
-                 vocab: bool = False) -> list[int]:
+                 vocab: bool = False, tensor: int = 1) -> list[int]:
     """Per rank: parameters, their gradients and the optimizer state of its stages
     (`stages_of(rank)`), and under vocabulary parallelism (`vocab`) its vocabulary shard's,
     whose AdamW state adds one step count per shard table."""
-    per_stage = [2 * parameter_bytes(cfg, a, b, vocab) + optimizer_bytes(cfg, a, b, optimizer, vocab)
-                 for a, b in bounds]
+    per_stage = [2 * parameter_bytes(cfg, a, b, vocab, tensor)
+                 + optimizer_bytes(cfg, a, b, optimizer, vocab, tensor) for a, b in bounds]
     out = [sum(per_stage[s] for s in stages_of(r)) for r in range(ranks)]
     if vocab:
         tables = 1 if cfg.tie_embeddings else 2
@@ -232,7 +250,7 @@ def static_bytes(cfg: ModelConfig, bounds, stages_of, ranks: int, optimizer: str
 
 
 def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "adamw",
-                    sharded: bool = False) -> int:
+                    sharded: bool = False, tensor: int = 1) -> int:
     """Bytes of optimizer state for layers [start, stop): AdamW (what the runtime uses) keeps
     two float32 moments per parameter and a float32 step count per parameter tensor; plain
     SGD keeps nothing."""
@@ -241,7 +259,7 @@ def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "a
         return 0
     if optimizer != "adamw":
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    return (2 * parameter_bytes(cfg, start, stop, sharded)
+    return (2 * parameter_bytes(cfg, start, stop, sharded, tensor)
             + FLOAT * _parameter_tensors(cfg, start, stop, sharded))
 
 
@@ -260,13 +278,13 @@ def check_policy(policy: str, k: int | None = None) -> int | None:
 
 
 def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
-                 vocab: bool = False) -> dict[str, list[tuple[int, int]]]:
+                 vocab: bool = False, tensor: int = 1) -> dict[str, list[tuple[int, int]]]:
     """Per kind, per stage: (bytes added at its start, bytes released at its end) by one
     microbatch's action — F keeps the policy's bytes, R restores the rest (and holds its
     transient), B releases all, I all but what it leaves W (with its own transient), W that.
     `policies`: one recompute.Policy (or None for `none`) per stage. `vocab`: the vocabulary
     is sharded over the ranks (one stage each): S on stage r keeps rank r's `vocab_bytes`,
-    its T lets them go."""
+    its T lets them go. `tensor`: on one of t tensor-parallel shards."""
     out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in "FRBIW"}
     if vocab:
         kept = [vocab_bytes(cfg, rows, len(bounds), r)[1] for r in range(len(bounds))]
@@ -274,10 +292,10 @@ def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
     for s, (start, stop) in enumerate(bounds):
         p = policies[s] if policies else None
         name, k = (p.name, p.k) if p is not None else ("none", None)
-        full = activation_bytes(cfg, start, stop, rows, sharded=vocab)
-        kept = activation_bytes(cfg, start, stop, rows, name, k, vocab)
+        full = activation_bytes(cfg, start, stop, rows, sharded=vocab, tensor=tensor)
+        kept = activation_bytes(cfg, start, stop, rows, name, k, vocab, tensor)
         extra = transient_bytes(cfg, start, stop, rows, name, k)
-        stash = weight_grad_bytes(cfg, start, stop, rows, vocab)
+        stash = weight_grad_bytes(cfg, start, stop, rows, vocab, tensor)
         moment = input_grad_transient(cfg, start, stop, rows)
         out["F"].append((kept, 0))
         out["R"].append((full - kept + extra, extra))

@@ -10,12 +10,14 @@ calibration, one simulation per candidate; a policy's recomputations are `R` act
 `with_recompute`, as the runtime places them) and its peak memory per rank in bytes with the
 byte model (memory.action_bytes) read along the simulated timeline, and ranks them by time.
 
-The mesh axes are pipeline (p) and data (dp) with p × dp = devices. Vocabulary parallelism
-shards over the pipeline ranks (dp = 1, as the runtime runs it): its passes are costed from
-the calibrated head and embedding layers divided over the shards (`_vocab_kinds`), its bytes
-come from memory.py (`vocab_bytes`, `static_bytes`). Tensor and expert parallelism are further
-axes of `_meshes` (a degree each, dividing the devices), and a factor each on the stage costs
-and bytes in `_costs` and `_predict`.
+The mesh axes are pipeline (p), data (dp) and tensor (tp) with p × dp × tp = devices; tp
+divides the heads and the MLP's hidden width, and runs without recomputation (as the runtime
+does). A tensor shard computes its share of each block and pays two all-reduces a block per
+forward and input-gradient pass (`Costs.tp_allreduce`); its bytes are memory.py's with
+`tensor=t`. Vocabulary parallelism shards over the pipeline ranks (dp = tp = 1, as the runtime
+runs it): its passes are costed from the calibrated head and embedding layers divided over the
+shards (`_vocab_kinds`), its bytes come from memory.py (`vocab_bytes`, `static_bytes`).
+Expert parallelism would be one more degree in `_meshes` and a factor in `_costs`/`_predict`.
 """
 from __future__ import annotations
 
@@ -49,12 +51,13 @@ class Candidate:
     """One configuration and what the planner predicts for it."""
     schedule: str
     pipeline: int                 # pipeline ranks (p)
-    data_parallel: int            # replicas (dp); devices = p × dp
+    data_parallel: int            # replicas (dp); devices = p × dp × tp
     microbatches: int
     chunks: int                   # stages per pipeline rank
     recompute: str
     rows: int                     # sequences per microbatch
     bounds: list[tuple[int, int]] = field(repr=False)
+    tensor: int = 1               # tensor-parallel shards of every block (tp)
     step_time: float = 0.0        # predicted seconds per training step
     memory_by_rank: list[int] = field(default_factory=list, repr=False)   # bytes, peak
     activation_peak: list[int] = field(default_factory=list, repr=False)  # of which activations
@@ -74,11 +77,12 @@ class Candidate:
 
     @property
     def devices(self) -> int:
-        return self.pipeline * self.data_parallel
+        return self.pipeline * self.data_parallel * self.tensor
 
     def label(self) -> str:
         chunks = f", v={self.chunks}" if self.chunks > 1 else ""
-        return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel} "
+        tensor = f" tp={self.tensor}" if self.tensor > 1 else ""
+        return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel}{tensor} "
                 f"m={self.microbatches}{chunks}, recompute {self.recompute}")
 
     def build(self):
@@ -173,22 +177,22 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
     if cal.cfg != cfg:
         raise ValueError("calibration was measured for another model config: calibrate(cfg) again")
     out = []
-    for p, dp in _meshes(cfg, devices, batch_size):
+    for p, dp, tp in _meshes(cfg, devices, batch_size):
         per_replica = batch_size // dp
         counts = [m for m in (microbatches or _divisors(per_replica)) if per_replica % m == 0]
         for name, m in product(schedules, counts):
             for v in (chunks if name in CHUNKED else (1,)):
                 if p * v > cfg.total_layers or (v > 1 and p == 1):
                     continue                     # interleaving needs a pipeline to interleave
-                if name in VOCAB and (p == 1 or dp > 1):
+                if name in VOCAB and (p == 1 or dp > 1 or tp > 1):
                     continue                     # shards over 2+ ranks; the runtime has no dp
                 sched = _schedule(name, p, m, v, dp)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
                 bounds = _bounds(cal, p * v, per_replica // m, name in VOCAB)
                 again = None                     # the schedule with its recomputations R
-                for policy in recompute:
-                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds)
+                for policy in (recompute if tp == 1 else ("none",)):   # as the runtime runs
+                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds, tp)
                     if policy != "none" and again is None:
                         again = with_recompute(sched).validate()
                     _predict(c, sched if policy == "none" else again, cal, optimizer)
@@ -217,12 +221,16 @@ def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:
 
 
 def _meshes(cfg: ModelConfig, devices: int, batch_size: int):
-    """(pipeline, data-parallel) degrees with p × dp = devices, p <= the model's layers and
-    a batch that splits over the replicas. Further axes (tensor, vocabulary, expert) go here."""
-    for p in _divisors(devices):
-        dp = devices // p
-        if p <= cfg.total_layers and batch_size % dp == 0:
-            yield p, dp
+    """(pipeline, data-parallel, tensor-parallel) degrees with p × dp × tp = devices, p <= the
+    model's layers, a batch that splits over the replicas, and tp dividing the heads and the
+    MLP's hidden width (parallel/tensor.py splits by whole heads)."""
+    for tp in _divisors(devices):
+        if cfg.n_heads % tp or cfg.ffn_width % tp:
+            continue
+        for p in _divisors(devices // tp):
+            dp = devices // tp // p
+            if p <= cfg.total_layers and batch_size % dp == 0:
+                yield p, dp, tp
 
 
 def _divisors(n: int) -> list[int]:
@@ -252,24 +260,46 @@ def _bounds(cal: Calibration, stages: int, rows: int, vocab: bool = False) -> li
 
 def _costs(c: Candidate, cal: Calibration) -> Costs:
     """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
-    overhead on every action, and the recomputation `R` its policy repeats."""
+    overhead on every action, and the recomputation `R` its policy repeats. Under tensor
+    parallelism a shard computes 1/t of every block's per-row work (the matmuls and heads
+    split; the LayerNorms, counted in, are small), all of its fixed time, and the whole
+    embedding and head (replicated), and each
+    forward and input-gradient pass ends in two all-reduces of one activation per block
+    (`tp_allreduce`, which the simulator overlaps where the step allows: tp_overlap.py)."""
     F, I, W, R = [], [], [], []
-    last = cal.cfg.total_layers - 1
+    last, shrink = cal.cfg.total_layers - 1, 1 - 1 / c.tensor
     for a, b in c.bounds:
         if c.vocab:              # the embedding and the head run as the shards' passes
             a, b = max(a, 1), min(b, last)
+        lo, hi = max(a, 1), min(b, last)                  # the stage's blocks
         grad_in, grad_w = cal.backward_time(a, b, c.rows)
-        F.append(cal.forward_time(a, b, c.rows) + cal.overhead)
-        I.append(grad_in + cal.overhead)
-        W.append(grad_w + cal.overhead)
+        # what a shard divides: the blocks' per-row work, not their fixed (launch) time
+        rows_in, rows_w = np.subtract(cal.backward_time(lo, hi, c.rows),
+                                      cal.backward_time(lo, hi, 0))
+        rows_f = cal.forward_time(lo, hi, c.rows) - cal.forward_time(lo, hi, 0)
+        F.append(cal.forward_time(a, b, c.rows) - shrink * rows_f + cal.overhead)
+        I.append(grad_in - shrink * rows_in + cal.overhead)
+        W.append(grad_w - shrink * rows_w + cal.overhead)
         R.append(cal.recompute_time(a, b, c.rows, c.recompute) + cal.overhead)
     message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
     kinds = {RECOMPUTE: R, **(_vocab_kinds(c, cal) if c.vocab else {})}
+    tensor = {} if c.tensor == 1 else {"tp_allreduce": [        # per pass: 2 a block
+        2 * _blocks(cal.cfg, a, b) * _all_reduce(cal, message // 4, c.tensor) for a, b in c.bounds]}
     return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
                  kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
                  bandwidth=cal.bandwidth, latency=cal.latency,
-                 parameter_bytes=[parameter_bytes(cal.cfg, a, b) for a, b in c.bounds],
-                 replicas=c.data_parallel)
+                 parameter_bytes=[parameter_bytes(cal.cfg, a, b, tensor=c.tensor)
+                                  for a, b in c.bounds],
+                 replicas=c.data_parallel, **tensor)
+
+
+def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float:
+    """Seconds of `rounds` ring all-reduces of `floats` float32 in all over `n` processes."""
+    return rounds * cal.latency + 2 * (n - 1) / n * floats * 4 / cal.bandwidth
+
+
+def _blocks(cfg: ModelConfig, start: int, stop: int) -> int:
+    return len(range(max(start, 1), min(stop, cfg.n_layers + 1)))
 
 
 def _vocab_kinds(c: Candidate, cal: Calibration) -> dict[str, float]:
@@ -283,7 +313,7 @@ def _vocab_kinds(c: Candidate, cal: Calibration) -> dict[str, float]:
     tokens, h = c.rows * cal.cfg.seq_len, cal.cfg.d_model
 
     def all_reduce(floats: int, rounds: int = 1) -> float:
-        return rounds * cal.latency + 2 * (p - 1) / p * floats * 4 / cal.bandwidth
+        return _all_reduce(cal, floats, p, rounds)
 
     return {"S": cal.forward_time(head, head + 1, c.rows) / p + cal.overhead,
             "T": sum(cal.backward_time(head, head + 1, c.rows)) / p + cal.overhead,
@@ -297,8 +327,10 @@ def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
     cfg = cal.cfg
     tl = simulate(sched, _costs(c, cal))
     c.step_time = tl.makespan
-    c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab)
-    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab)
+    c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab,
+                            c.tensor)
+    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab,
+                         c.tensor)
     c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(v).T) for kind, v in table.items()})
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
 

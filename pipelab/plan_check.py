@@ -40,29 +40,33 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
     extra = {"recompute": candidate.recompute} if candidate.recompute != "none" else {}
     res = cluster.run(candidate.build(), model=plan.cfg, partition=candidate.bounds,
                       batch_size=plan.batch_size, steps=steps, check=False, progress=False,
-                      data_parallel=candidate.data_parallel, **extra)
+                      data_parallel=candidate.data_parallel,
+                      tensor_parallel=candidate.tensor, **extra)
     spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
     cfg, sched = plan.cfg, res.schedule
-    held = {r: held_bytes(res.spec, r) for r in range(sched.ranks)}
-    measured = {r: held[r] + res.peak_activations[r] for r in held}
+    held = {r: held_bytes(res.spec, r) for r in range(sched.ranks)}      # tensor shard 0
+    live = res.peak_activations          # per pipeline rank (its replicas' and shards' alike)
+    measured = {r: held[r] + live[r] for r in held}
     return {"candidate": candidate.label(),
             "predicted_time": candidate.step_time, "measured_time": statistics.median(spans),
             "replayed_time": res.replay.makespan,
             "predicted_peak": candidate.peak_memory, "measured_peak": max(measured.values()),
             "predicted_activations": max(candidate.activation_peak),
-            "measured_activations": max(res.peak_activations.values()),
+            "measured_activations": max(live.values()), "activations_by_rank": live,
             "run": res}
 
 
-def held_bytes(spec, rank: int) -> int:
+def held_bytes(spec, rank: int, shard: int = 0) -> int:
     """Bytes pipeline rank `rank` of a run holds outside activations, counted on its stages
-    built as the worker builds them (vocabulary shards included): the parameters, as many
-    gradients, and the state torch's AdamW makes after one step."""
+    built as the worker builds them (vocabulary shards included; tensor-parallel `shard`):
+    the parameters, as many gradients, and the state torch's AdamW makes after one step."""
     import torch
 
+    from .parallel.tensor import TensorParallel
     from .runtime.handlers import run_setups
     from .runtime.stage import RankStages
-    stages = RankStages(spec.cfg, spec.bounds, spec.schedule.stages_of(rank))
+    tp = TensorParallel(spec.tensor_parallel, shard) if spec.tensor_parallel > 1 else None
+    stages = RankStages(spec.cfg, spec.bounds, spec.schedule.stages_of(rank), tp)
     run_setups(spec, rank, stages)
     params = stages.parameters()
     for p in params:

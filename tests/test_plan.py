@@ -223,3 +223,43 @@ def test_vocabulary_candidates_run_live_hold_exactly_the_predicted_bytes():
                 live = row["run"].peak_activations
                 assert [live[r] for r in range(2)] == c.activation_peak, c.label()
                 assert row["measured_peak"] == row["predicted_peak"], c.label()
+
+
+def test_tensor_degrees_divide_the_heads_and_the_hidden_width():
+    three = pl.ModelConfig(n_layers=4, d_model=48, n_heads=3, seq_len=16, vocab_size=64)
+    for cfg, devices, want in [(CFG, 4, {1, 2}), (three, 6, {1, 3}), (three, 4, {1})]:
+        p = plan(cfg, devices=devices, memory_per_device=10**12, calibration=synthetic(cfg),
+                 batch_size=12 if devices == 6 else 8, schedules=["1f1b"])
+        assert {c.tensor for c in p} == want, (cfg.n_heads, devices)
+        assert all(c.devices == devices for c in p)
+        assert all(c.recompute == "none" for c in p if c.tensor > 1)   # as the runtime runs it
+
+
+def test_a_tensor_shard_runs_its_share_of_the_blocks_and_pays_the_all_reduces():
+    blocks, rows = CFG.n_layers, 4
+    free = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(bandwidth=1e15),
+                batch_size=rows, schedules=["gpipe"], microbatches=[1], recompute=["none"])
+    whole, halves = one(free, tensor=1, data_parallel=2), one(free, tensor=2)
+    layer = lambda n: 3e-3 + 3e-4 * n                  # F + B of one layer for n rows
+    # a shard: the ends (replicated) whole, a block's fixed time whole and its rows halved
+    assert halves.step_time == pytest.approx(2 * layer(rows) + blocks * (3e-3 + 3e-4 * rows / 2))
+    assert whole.step_time == pytest.approx((2 + blocks) * layer(rows // 2))   # half the rows
+    slow = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(bandwidth=1e7),
+                batch_size=rows, schedules=["gpipe"], microbatches=[1], recompute=["none"])
+    # F waits for its 2 all-reduces a block; B sums its input gradient under its W half,
+    # which is longer here (tp_overlap.py)
+    one_reduce = 2 * (2 - 1) / 2 * rows * CFG.seq_len * CFG.d_model * 4 / 1e7
+    assert one(slow, tensor=2).step_time == pytest.approx(halves.step_time + 2 * blocks * one_reduce)
+
+
+def test_tensor_parallel_candidates_run_live_hold_exactly_the_predicted_bytes():
+    from pipelab import plan_check
+    p = plan(CFG, devices=4, memory_per_device=10**12, calibration=synthetic(), batch_size=8,
+             schedules=["zb-h1"], microbatches=[4], recompute=["none"])
+    with pl.LocalCluster(ranks=4) as cluster:
+        for pipeline, replicas in [(2, 1), (1, 2)]:
+            c = one(p, pipeline=pipeline, data_parallel=replicas, tensor=2)
+            row = plan_check.measure(c, p, cluster, steps=1)
+            assert [row["run"].peak_activations[r] for r in range(pipeline)] == \
+                c.activation_peak, c.label()
+            assert row["measured_peak"] == row["predicted_peak"], c.label()
