@@ -45,9 +45,10 @@ TENSOR_SPLIT = ("q (head layout)", "k (head layout)", "attention probabilities",
                 "down input (GELU output)")
 
 
-def block_saved(cfg: ModelConfig, rows: int, tensor: int = 1) -> dict[str, int]:
+def block_saved(cfg: ModelConfig, rows: int, tensor: int = 1, expert: int = 1) -> dict[str, int]:
     """Bytes one block's forward saves for its backward, by tensor (each storage once); with
-    `tensor` > 1, on one of its tensor-parallel shards."""
+    `tensor` > 1, on one of its tensor-parallel shards; a mixture-of-experts MLP (over `expert`
+    processes) in place of the dense one: memory_moe's bound."""
     b, s, h, f, a = rows, cfg.seq_len, cfg.d_model, cfg.ffn_width, cfg.n_heads
     t = b * s
     saved = {
@@ -66,14 +67,19 @@ def block_saved(cfg: ModelConfig, rows: int, tensor: int = 1) -> dict[str, int]:
         "GELU input": t * f * FLOAT,
         "down input (GELU output)": t * f * FLOAT,
     }
+    if cfg.moe:
+        from .memory_moe import moe_saved
+        del saved["GELU input"], saved["down input (GELU output)"]
+        saved.update(moe_saved(cfg, rows, expert))
     return {k: v // tensor if k in TENSOR_SPLIT else v for k, v in saved.items()}
 
 
-def block_bytes(cfg: ModelConfig, rows: int, policy: str = "none", tensor: int = 1) -> int:
+def block_bytes(cfg: ModelConfig, rows: int, policy: str = "none", tensor: int = 1,
+                expert: int = 1) -> int:
     """Bytes one block keeps from its forward to its recomputation: `none` all of
     `block_saved`, `selective` all but the attention core plus the qkv output the core is
     recomputed from, `full` (and a checkpointed block of `every-k`) only its input."""
-    saved = block_saved(cfg, rows, tensor)
+    saved = block_saved(cfg, rows, tensor, expert)
     if policy == "none":
         return sum(saved.values())
     if policy == "selective":
@@ -135,7 +141,7 @@ def vocab_bytes(cfg: ModelConfig, rows: int, ranks: int, rank: int) -> tuple[int
 
 def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
                      policy: str = "none", k: int | None = None, sharded: bool = False,
-                     tensor: int = 1) -> int:
+                     tensor: int = 1, expert: int = 1) -> int:
     """Bytes the layers [start, stop) keep alive for one microbatch of `rows` sequences between
     its forward and its backward (or its recomputation `R`, when `policy` is not `none`).
 
@@ -149,9 +155,9 @@ def activation_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
     n = _blocks(cfg, start, stop)
     if policy == "every-k":
         k = default_k(n) if k is None else k
-        blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full", tensor) if n else 0
+        blocks = math.ceil(n / k) * block_bytes(cfg, rows, "full", tensor, expert) if n else 0
     else:
-        blocks = n * block_bytes(cfg, rows, policy, tensor)
+        blocks = n * block_bytes(cfg, rows, policy, tensor, expert)
     return blocks + _ends(cfg, start, stop, rows, sharded)
 
 
@@ -182,7 +188,7 @@ def input_grad_transient(cfg: ModelConfig, start: int, stop: int, rows: int) -> 
 
 
 def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
-                      sharded: bool = False, tensor: int = 1) -> int:
+                      sharded: bool = False, tensor: int = 1, expert: int = 1) -> int:
     """Bytes an input-gradient pass `I` leaves for its `W` (weight_grad.py): the input and
     output gradient of every Linear, each storage once — per block 8·t·h + 2·t·f floats, the
     head t·h + t·vocab. The same whatever the recomputation policy: `R` restored everything.
@@ -191,7 +197,12 @@ def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
     _check_range(cfg, start, stop)
     _check_rows(rows)
     t, h, f = rows * cfg.seq_len, cfg.d_model, cfg.ffn_width
-    total = _blocks(cfg, start, stop) * (4 * t * h + (4 * t * h + 2 * t * f) // tensor) * FLOAT
+    if cfg.moe:                      # attention's Linears, and the experts' (memory_moe)
+        from .memory_moe import moe_stash
+        per_block = 6 * t * h * FLOAT + moe_stash(cfg, rows, expert)
+    else:
+        per_block = (4 * t * h + (4 * t * h + 2 * t * f) // tensor) * FLOAT
+    total = _blocks(cfg, start, stop) * per_block
     if stop == cfg.total_layers and not sharded:     # sharded: the head has no Linear
         total += (t * h + t * cfg.vocab_size) * FLOAT
     return total
@@ -203,7 +214,7 @@ def _tied(cfg: ModelConfig, start: int, stop: int) -> bool:
 
 
 def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = False,
-                    tensor: int = 1) -> int:
+                    tensor: int = 1, expert: int = 1) -> int:
     """Parameters of the layers [start, stop) as `build_layers` makes them; `sharded`: without
     the token table and the output projection, which vocabulary parallelism cuts into shards
     (`vocab_bytes`): the position table and the final LayerNorm stay. `tensor`: on the first
@@ -211,6 +222,9 @@ def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = Fal
     _check_range(cfg, start, stop)
     h, f, v, s = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.seq_len
     block = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // tensor + 2 * h + 4 * h
+    if cfg.moe:                      # the router and this process's experts, not up and down
+        from .memory_moe import moe_parameters
+        block += moe_parameters(cfg, expert)[0] - (2 * h * f + f + h)
     total = _blocks(cfg, start, stop) * block
     if start == 0:
         total += (0 if sharded else v * h) + s * h
@@ -220,13 +234,18 @@ def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = Fal
 
 
 def parameter_bytes(cfg: ModelConfig, start: int, stop: int, sharded: bool = False,
-                    tensor: int = 1) -> int:
+                    tensor: int = 1, expert: int = 1) -> int:
     """Bytes of the float32 parameters of layers [start, stop) (their gradients take as many)."""
-    return parameter_count(cfg, start, stop, sharded, tensor) * FLOAT
+    return parameter_count(cfg, start, stop, sharded, tensor, expert) * FLOAT
 
 
-def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = False) -> int:
-    tensors = 12 * _blocks(cfg, start, stop)          # 4 Linears and 2 LayerNorms, weight + bias
+def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = False,
+                       expert: int = 1) -> int:
+    per_block = 12                                    # 4 Linears and 2 LayerNorms, weight + bias
+    if cfg.moe:
+        from .memory_moe import moe_parameters
+        per_block += moe_parameters(cfg, expert)[1] - 4
+    tensors = per_block * _blocks(cfg, start, stop)
     tensors += (1 if sharded else 2) if start == 0 else 0   # token and position tables
     if stop == cfg.total_layers:
         tensors += 2 + (0 if sharded or _tied(cfg, start, stop) else 1)
@@ -234,12 +253,12 @@ def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = 
 
 
 def static_bytes(cfg: ModelConfig, bounds, stages_of, ranks: int, optimizer: str = "adamw",
-                 vocab: bool = False, tensor: int = 1) -> list[int]:
+                 vocab: bool = False, tensor: int = 1, expert: int = 1) -> list[int]:
     """Per rank: parameters, their gradients and the optimizer state of its stages
     (`stages_of(rank)`), and under vocabulary parallelism (`vocab`) its vocabulary shard's,
     whose AdamW state adds one step count per shard table."""
-    per_stage = [2 * parameter_bytes(cfg, a, b, vocab, tensor)
-                 + optimizer_bytes(cfg, a, b, optimizer, vocab, tensor) for a, b in bounds]
+    per_stage = [2 * parameter_bytes(cfg, a, b, vocab, tensor, expert)
+                 + optimizer_bytes(cfg, a, b, optimizer, vocab, tensor, expert) for a, b in bounds]
     out = [sum(per_stage[s] for s in stages_of(r)) for r in range(ranks)]
     if vocab:
         tables = 1 if cfg.tie_embeddings else 2
@@ -250,7 +269,7 @@ def static_bytes(cfg: ModelConfig, bounds, stages_of, ranks: int, optimizer: str
 
 
 def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "adamw",
-                    sharded: bool = False, tensor: int = 1) -> int:
+                    sharded: bool = False, tensor: int = 1, expert: int = 1) -> int:
     """Bytes of optimizer state for layers [start, stop): AdamW (what the runtime uses) keeps
     two float32 moments per parameter and a float32 step count per parameter tensor; plain
     SGD keeps nothing."""
@@ -259,8 +278,8 @@ def optimizer_bytes(cfg: ModelConfig, start: int, stop: int, optimizer: str = "a
         return 0
     if optimizer != "adamw":
         raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
-    return (2 * parameter_bytes(cfg, start, stop, sharded, tensor)
-            + FLOAT * _parameter_tensors(cfg, start, stop, sharded))
+    return (2 * parameter_bytes(cfg, start, stop, sharded, tensor, expert)
+            + FLOAT * _parameter_tensors(cfg, start, stop, sharded, expert))
 
 
 def check_policy(policy: str, k: int | None = None) -> int | None:
@@ -278,13 +297,15 @@ def check_policy(policy: str, k: int | None = None) -> int | None:
 
 
 def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
-                 vocab: bool = False, tensor: int = 1) -> dict[str, list[tuple[int, int]]]:
+                 vocab: bool = False, tensor: int = 1,
+                 expert: int = 1) -> dict[str, list[tuple[int, int]]]:
     """Per kind, per stage: (bytes added at its start, bytes released at its end) by one
     microbatch's action — F keeps the policy's bytes, R restores the rest (and holds its
     transient), B releases all, I all but what it leaves W (with its own transient), W that.
     `policies`: one recompute.Policy (or None for `none`) per stage. `vocab`: the vocabulary
     is sharded over the ranks (one stage each): S on stage r keeps rank r's `vocab_bytes`,
-    its T lets them go. `tensor`: on one of t tensor-parallel shards."""
+    its T lets them go. `tensor`: on one of t tensor-parallel shards; `expert`: experts over
+    that many processes (an MoE model's bytes are memory_moe's bound)."""
     out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in "FRBIW"}
     if vocab:
         kept = [vocab_bytes(cfg, rows, len(bounds), r)[1] for r in range(len(bounds))]
@@ -292,10 +313,11 @@ def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
     for s, (start, stop) in enumerate(bounds):
         p = policies[s] if policies else None
         name, k = (p.name, p.k) if p is not None else ("none", None)
-        full = activation_bytes(cfg, start, stop, rows, sharded=vocab, tensor=tensor)
-        kept = activation_bytes(cfg, start, stop, rows, name, k, vocab, tensor)
+        full = activation_bytes(cfg, start, stop, rows, sharded=vocab, tensor=tensor,
+                                expert=expert)
+        kept = activation_bytes(cfg, start, stop, rows, name, k, vocab, tensor, expert)
         extra = transient_bytes(cfg, start, stop, rows, name, k)
-        stash = weight_grad_bytes(cfg, start, stop, rows, vocab, tensor)
+        stash = weight_grad_bytes(cfg, start, stop, rows, vocab, tensor, expert)
         moment = input_grad_transient(cfg, start, stop, rows)
         out["F"].append((kept, 0))
         out["R"].append((full - kept + extra, extra))

@@ -58,6 +58,7 @@ class Candidate:
     rows: int                     # sequences per microbatch
     bounds: list[tuple[int, int]] = field(repr=False)
     tensor: int = 1               # tensor-parallel shards of every block (tp)
+    expert: int = 1               # processes the experts are divided over (ep: 1 or dp)
     step_time: float = 0.0        # predicted seconds per training step
     memory_by_rank: list[int] = field(default_factory=list, repr=False)   # bytes, peak
     activation_peak: list[int] = field(default_factory=list, repr=False)  # of which activations
@@ -82,6 +83,7 @@ class Candidate:
     def label(self) -> str:
         chunks = f", v={self.chunks}" if self.chunks > 1 else ""
         tensor = f" tp={self.tensor}" if self.tensor > 1 else ""
+        tensor += f" ep={self.expert}" if self.expert > 1 else ""
         return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel}{tensor} "
                 f"m={self.microbatches}{chunks}, recompute {self.recompute}")
 
@@ -177,14 +179,14 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
     if cal.cfg != cfg:
         raise ValueError("calibration was measured for another model config: calibrate(cfg) again")
     out = []
-    for p, dp, tp in _meshes(cfg, devices, batch_size):
+    for p, dp, tp, ep in _meshes(cfg, devices, batch_size):
         per_replica = batch_size // dp
         counts = [m for m in (microbatches or _divisors(per_replica)) if per_replica % m == 0]
         for name, m in product(schedules, counts):
             for v in (chunks if name in CHUNKED else (1,)):
                 if p * v > cfg.total_layers or (v > 1 and p == 1):
                     continue                     # interleaving needs a pipeline to interleave
-                if name in VOCAB and (p == 1 or dp > 1 or tp > 1):
+                if name in VOCAB and (p == 1 or dp > 1 or tp > 1 or cfg.moe):
                     continue                     # shards over 2+ ranks; the runtime has no dp
                 sched = _schedule(name, p, m, v, dp)
                 if sched is None:
@@ -192,7 +194,7 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
                 bounds = _bounds(cal, p * v, per_replica // m, name in VOCAB)
                 again = None                     # the schedule with its recomputations R
                 for policy in (recompute if tp == 1 else ("none",)):   # as the runtime runs
-                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds, tp)
+                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds, tp, ep)
                     if policy != "none" and again is None:
                         again = with_recompute(sched).validate()
                     _predict(c, sched if policy == "none" else again, cal, optimizer)
@@ -221,16 +223,20 @@ def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:
 
 
 def _meshes(cfg: ModelConfig, devices: int, batch_size: int):
-    """(pipeline, data-parallel, tensor-parallel) degrees with p × dp × tp = devices, p <= the
-    model's layers, a batch that splits over the replicas, and tp dividing the heads and the
-    MLP's hidden width (parallel/tensor.py splits by whole heads)."""
+    """(pipeline, data-parallel, tensor-parallel, expert-parallel) degrees with p × dp × tp =
+    devices, p <= the model's layers, a batch that splits over the replicas, tp dividing the
+    heads and the MLP's hidden width (parallel/tensor.py splits by whole heads; not with
+    experts, as the runtime runs it), and ep either 1 or, for a mixture of experts whose
+    count it divides, the replicas (parallel/expert.py divides the experts over the dp group)."""
     for tp in _divisors(devices):
-        if cfg.n_heads % tp or cfg.ffn_width % tp:
+        if cfg.n_heads % tp or cfg.ffn_width % tp or (tp > 1 and cfg.moe):
             continue
         for p in _divisors(devices // tp):
             dp = devices // tp // p
             if p <= cfg.total_layers and batch_size % dp == 0:
-                yield p, dp, tp
+                yield p, dp, tp, 1
+                if cfg.moe and dp > 1 and cfg.n_experts % dp == 0:
+                    yield p, dp, tp, dp
 
 
 def _divisors(n: int) -> list[int]:
@@ -268,6 +274,7 @@ def _costs(c: Candidate, cal: Calibration) -> Costs:
     (`tp_allreduce`, which the simulator overlaps where the step allows: tp_overlap.py)."""
     F, I, W, R = [], [], [], []
     last, shrink = cal.cfg.total_layers - 1, 1 - 1 / c.tensor
+    exchange = _expert_exchange(c, cal)
     for a, b in c.bounds:
         if c.vocab:              # the embedding and the head run as the shards' passes
             a, b = max(a, 1), min(b, last)
@@ -277,8 +284,9 @@ def _costs(c: Candidate, cal: Calibration) -> Costs:
         rows_in, rows_w = np.subtract(cal.backward_time(lo, hi, c.rows),
                                       cal.backward_time(lo, hi, 0))
         rows_f = cal.forward_time(lo, hi, c.rows) - cal.forward_time(lo, hi, 0)
-        F.append(cal.forward_time(a, b, c.rows) - shrink * rows_f + cal.overhead)
-        I.append(grad_in - shrink * rows_in + cal.overhead)
+        F.append(cal.forward_time(a, b, c.rows) - shrink * rows_f + cal.overhead
+                 + exchange * (hi - lo))
+        I.append(grad_in - shrink * rows_in + cal.overhead + exchange * (hi - lo))
         W.append(grad_w - shrink * rows_w + cal.overhead)
         R.append(cal.recompute_time(a, b, c.rows, c.recompute) + cal.overhead)
     message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
@@ -288,9 +296,31 @@ def _costs(c: Candidate, cal: Calibration) -> Costs:
     return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
                  kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
                  bandwidth=cal.bandwidth, latency=cal.latency,
-                 parameter_bytes=[parameter_bytes(cal.cfg, a, b, tensor=c.tensor)
-                                  for a, b in c.bounds],
+                 parameter_bytes=[_reduced_bytes(c, cal.cfg, a, b) for a, b in c.bounds],
                  replicas=c.data_parallel, **tensor)
+
+
+def _expert_exchange(c: Candidate, cal: Calibration) -> float:
+    """Seconds a block's pass (F, or I) spends in expert parallelism's two all-to-alls (dispatch
+    and combine, each a count exchange then the rows): the (ep−1)/ep of the kept assignments
+    that leave the process, at the link's bandwidth, with a balanced router (the experts'
+    compute per process is then what it is on one: memory_moe.kept_rows)."""
+    if c.expert == 1:
+        return 0.0
+    from .memory_moe import kept_rows
+    moved = (c.expert - 1) / c.expert * kept_rows(cal.cfg, c.rows)[0] * cal.cfg.d_model * 4
+    return 2 * (2 * cal.latency + moved / cal.bandwidth)
+
+
+def _reduced_bytes(c: Candidate, cfg: ModelConfig, a: int, b: int) -> int:
+    """Gradient bytes a stage all-reduces over the replicas: its parameters on one process,
+    less the experts each process holds alone under expert parallelism."""
+    total = parameter_bytes(cfg, a, b, tensor=c.tensor, expert=c.expert)
+    if c.expert == 1:
+        return total
+    from .memory_moe import moe_parameters
+    router = cfg.d_model * cfg.n_experts
+    return total - _blocks(cfg, a, b) * (moe_parameters(cfg, c.expert)[0] - router) * 4
 
 
 def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float:
@@ -328,9 +358,9 @@ def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
     tl = simulate(sched, _costs(c, cal))
     c.step_time = tl.makespan
     c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab,
-                            c.tensor)
+                            c.tensor, c.expert)
     table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab,
-                         c.tensor)
+                         c.tensor, c.expert)
     c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(v).T) for kind, v in table.items()})
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
 

@@ -41,7 +41,7 @@ def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dic
     res = cluster.run(candidate.build(), model=plan.cfg, partition=candidate.bounds,
                       batch_size=plan.batch_size, steps=steps, check=False, progress=False,
                       data_parallel=candidate.data_parallel,
-                      tensor_parallel=candidate.tensor, **extra)
+                      tensor_parallel=candidate.tensor, expert_parallel=candidate.expert, **extra)
     spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
     cfg, sched = plan.cfg, res.schedule
     held = {r: held_bytes(res.spec, r) for r in range(sched.ranks)}      # tensor shard 0
@@ -68,6 +68,9 @@ def held_bytes(spec, rank: int, shard: int = 0) -> int:
     tp = TensorParallel(spec.tensor_parallel, shard) if spec.tensor_parallel > 1 else None
     stages = RankStages(spec.cfg, spec.bounds, spec.schedule.stages_of(rank), tp)
     run_setups(spec, rank, stages)
+    if spec.expert_parallel > 1:       # replica 0's share of the experts
+        from .parallel.expert import place_experts
+        place_experts(stages.modules.values(), None, 0, spec.expert_parallel)
     params = stages.parameters()
     for p in params:
         p.grad = torch.zeros_like(p)

@@ -263,3 +263,31 @@ def test_tensor_parallel_candidates_run_live_hold_exactly_the_predicted_bytes():
             assert [row["run"].peak_activations[r] for r in range(pipeline)] == \
                 c.activation_peak, c.label()
             assert row["measured_peak"] == row["predicted_peak"], c.label()
+
+
+MOE_CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=16, vocab_size=64,
+                         n_experts=4, top_k=2)
+
+
+def test_expert_degrees_are_the_replicas_where_they_divide_the_experts():
+    two = replace(MOE_CFG, n_experts=2)
+    for cfg, want in [(MOE_CFG, {(1, 4, 4), (2, 2, 2)}), (two, {(2, 2, 2)}), (CFG, set())]:
+        p = plan(cfg, devices=4, memory_per_device=10**12, calibration=synthetic(cfg),
+                 batch_size=8, schedules=["1f1b"])
+        assert {(c.pipeline, c.data_parallel, c.expert) for c in p if c.expert > 1} == want
+        assert not cfg.moe or all(c.tensor == 1 for c in p)     # the runtime has no TP with MoE
+
+
+def test_expert_parallel_candidates_live_hold_their_static_bytes_and_at_most_the_bound():
+    """Parameters, gradients and AdamW state of E/ep experts exactly; activations at most the
+    capacity bound (memory_moe), and not far below it with a near-balanced router."""
+    from pipelab import plan_check
+    p = plan(MOE_CFG, devices=4, memory_per_device=10**12, calibration=synthetic(MOE_CFG),
+             batch_size=8, schedules=["1f1b"], microbatches=[2], recompute=["none"])
+    c = one(p, pipeline=2, data_parallel=2, expert=2)
+    with pl.LocalCluster(ranks=4) as cluster:
+        row = plan_check.measure(c, p, cluster, steps=1)
+    live = row["run"].peak_activations
+    assert row["measured_peak"] - row["measured_activations"] == c.static[0]
+    for r in range(2):
+        assert 0.7 * c.activation_peak[r] <= live[r] <= c.activation_peak[r], r
