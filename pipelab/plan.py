@@ -3,10 +3,10 @@
     cal = pl.calibrate(cfg)                                     # measured per-layer costs
     best = pl.plan(cfg, devices=8, memory_per_device=256 * 2**20, calibration=cal).best
 
-`plan` enumerates schedule × pipeline degree × data-parallel degree × microbatches × chunks ×
-recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules: the embedding
-and output layer sharded over the pipeline ranks), predicts each candidate's step time with the simulator (costs from the
-calibration, one simulation per candidate; a policy's recomputations are `R` actions placed by
+`plan` enumerates schedule × pipeline, data, tensor and expert degrees × microbatches × chunks ×
+recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules: the
+embedding and output layer sharded over the pipeline ranks), predicts each candidate's step
+time with the simulator (costs from the calibration, one simulation per candidate; a policy's recomputations are `R` actions placed by
 `with_recompute`, as the runtime places them) and its peak memory per rank in bytes with the
 byte model (memory.action_bytes) read along the simulated timeline, and ranks them by time.
 
@@ -16,8 +16,10 @@ does). A tensor shard computes its share of each block and pays two all-reduces 
 forward and input-gradient pass (`Costs.tp_allreduce`); its bytes are memory.py's with
 `tensor=t`. Vocabulary parallelism shards over the pipeline ranks (dp = tp = 1, as the runtime
 runs it): its passes are costed from the calibrated head and embedding layers divided over the
-shards (`_vocab_kinds`), its bytes come from memory.py (`vocab_bytes`, `static_bytes`).
-Expert parallelism would be one more degree in `_meshes` and a factor in `_costs`/`_predict`.
+shards, its bytes come from memory.py (`vocab_bytes`, `static_bytes`). Expert parallelism
+(a mixture-of-experts model) divides the experts over the replicas (ep = dp, where it divides
+them): two all-to-alls per block per pass, E/ep experts' bytes, activations bounded by the
+experts' capacity (memory_moe.py). The time model is plan_costs.py.
 """
 from __future__ import annotations
 
@@ -29,14 +31,15 @@ import numpy as np
 
 from .calibrate import Calibration, calibrate
 from .checks import positive_int
-from .memory import action_bytes, parameter_bytes, static_bytes
+from .memory import action_bytes, static_bytes
 from .model import ModelConfig
 from .parallel import with_data_parallel
 from .partition import balanced_bounds
-from .recompute import RECOMPUTE, policies, with_recompute
+from .plan_costs import stage_costs
+from .recompute import policies, with_recompute
 from .schedules import SCHEDULES, Action, schedule as make_schedule
 from .schedules.gcpause import without_gc
-from .simulate import Costs, simulate
+from .simulate import simulate
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "vocab-1",
                   "vocab-2")
@@ -108,7 +111,7 @@ class Plan(list):
         sched = with_data_parallel(candidate.build(), candidate.data_parallel)
         if candidate.recompute != "none":
             sched = with_recompute(sched)
-        return simulate(sched, _costs(candidate, self.calibration))
+        return simulate(sched, stage_costs(candidate, self.calibration))
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -264,98 +267,9 @@ def _bounds(cal: Calibration, stages: int, rows: int, vocab: bool = False) -> li
     return balanced_bounds(weights, stages)
 
 
-def _costs(c: Candidate, cal: Calibration) -> Costs:
-    """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
-    overhead on every action, and the recomputation `R` its policy repeats. Under tensor
-    parallelism a shard computes 1/t of every block's per-row work (the matmuls and heads
-    split; the LayerNorms, counted in, are small), all of its fixed time, and the whole
-    embedding and head (replicated), and each
-    forward and input-gradient pass ends in two all-reduces of one activation per block
-    (`tp_allreduce`, which the simulator overlaps where the step allows: tp_overlap.py)."""
-    F, I, W, R = [], [], [], []
-    last, shrink = cal.cfg.total_layers - 1, 1 - 1 / c.tensor
-    exchange = _expert_exchange(c, cal)
-    for a, b in c.bounds:
-        if c.vocab:              # the embedding and the head run as the shards' passes
-            a, b = max(a, 1), min(b, last)
-        lo, hi = max(a, 1), min(b, last)                  # the stage's blocks
-        grad_in, grad_w = cal.backward_time(a, b, c.rows)
-        # what a shard divides: the blocks' per-row work, not their fixed (launch) time
-        rows_in, rows_w = np.subtract(cal.backward_time(lo, hi, c.rows),
-                                      cal.backward_time(lo, hi, 0))
-        rows_f = cal.forward_time(lo, hi, c.rows) - cal.forward_time(lo, hi, 0)
-        F.append(cal.forward_time(a, b, c.rows) - shrink * rows_f + cal.overhead
-                 + exchange * (hi - lo))
-        I.append(grad_in - shrink * rows_in + cal.overhead + exchange * (hi - lo))
-        W.append(grad_w - shrink * rows_w + cal.overhead)
-        R.append(cal.recompute_time(a, b, c.rows, c.recompute) + cal.overhead)
-    message = c.rows * cal.cfg.seq_len * cal.cfg.d_model * 4      # one activation, float32
-    kinds = {RECOMPUTE: R, **(_vocab_kinds(c, cal) if c.vocab else {})}
-    tensor = {} if c.tensor == 1 else {"tp_allreduce": [        # per pass: 2 a block
-        2 * _blocks(cal.cfg, a, b) * _all_reduce(cal, message // 4, c.tensor) for a, b in c.bounds]}
-    return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
-                 kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
-                 bandwidth=cal.bandwidth, latency=cal.latency,
-                 parameter_bytes=[_reduced_bytes(c, cal.cfg, a, b) for a, b in c.bounds],
-                 replicas=c.data_parallel, **tensor)
-
-
-def _expert_exchange(c: Candidate, cal: Calibration) -> float:
-    """Seconds a block's pass (F, or I) spends in expert parallelism's two all-to-alls (dispatch
-    and combine, each a count exchange then the rows): the (ep−1)/ep of the kept assignments
-    that leave the process, at the link's bandwidth, with a balanced router (the experts'
-    compute per process is then what it is on one: memory_moe.kept_rows)."""
-    if c.expert == 1:
-        return 0.0
-    from .memory_moe import kept_rows
-    moved = (c.expert - 1) / c.expert * kept_rows(cal.cfg, c.rows)[0] * cal.cfg.d_model * 4
-    return 2 * (2 * cal.latency + moved / cal.bandwidth)
-
-
-def _reduced_bytes(c: Candidate, cfg: ModelConfig, a: int, b: int) -> int:
-    """Gradient bytes a stage all-reduces over the replicas: its parameters on one process,
-    less the experts each process holds alone under expert parallelism."""
-    total = parameter_bytes(cfg, a, b, tensor=c.tensor, expert=c.expert)
-    if c.expert == 1:
-        return total
-    from .memory_moe import moe_parameters
-    router = cfg.d_model * cfg.n_experts
-    return total - _blocks(cfg, a, b) * (moe_parameters(cfg, c.expert)[0] - router) * 4
-
-
-def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float:
-    """Seconds of `rounds` ring all-reduces of `floats` float32 in all over `n` processes."""
-    return rounds * cal.latency + 2 * (n - 1) / n * floats * 4 / cal.bandwidth
-
-
-def _blocks(cfg: ModelConfig, start: int, stop: int) -> int:
-    return len(range(max(start, 1), min(stop, cfg.n_layers + 1)))
-
-
-def _vocab_kinds(c: Candidate, cal: Calibration) -> dict[str, float]:
-    """Costs of the vocabulary passes, derived from the calibrated layers (not measured per
-    shard): S is the head's forward over 1/p of the vocabulary, T its backward (dW_r, and dX_r
-    under vocab-1), Vf and Vb the embedding's forward and backward over 1/p of it plus their
-    collective of one activation; each barrier is its all-reduces (latency each, ring
-    bandwidth): Cs the max, then the sum and target logit (2 floats a token); Ct the
-    output-layer input gradient (h a token); C the max, then 2 + 2h floats a token."""
-    p, head = c.pipeline, cal.cfg.total_layers - 1
-    tokens, h = c.rows * cal.cfg.seq_len, cal.cfg.d_model
-
-    def all_reduce(floats: int, rounds: int = 1) -> float:
-        return _all_reduce(cal, floats, p, rounds)
-
-    return {"S": cal.forward_time(head, head + 1, c.rows) / p + cal.overhead,
-            "T": sum(cal.backward_time(head, head + 1, c.rows)) / p + cal.overhead,
-            "Vf": cal.forward_time(0, 1, c.rows) / p + all_reduce(tokens * h),
-            "Vb": sum(cal.backward_time(0, 1, c.rows)) / p + all_reduce(tokens * h),
-            "Cs": all_reduce(2 * tokens, rounds=2), "Ct": all_reduce(tokens * h),
-            "C": all_reduce(tokens * (2 + 2 * h), rounds=2)}
-
-
 def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
     cfg = cal.cfg
-    tl = simulate(sched, _costs(c, cal))
+    tl = simulate(sched, stage_costs(c, cal))
     c.step_time = tl.makespan
     c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab,
                             c.tensor, c.expert)
