@@ -24,7 +24,8 @@ def main() -> None:
     parser.add_argument("--budget-mib", type=float, default=8.0)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true",
-                        help="one candidate per schedule family (and per recomputation policy)")
+                        help="one candidate per schedule family and tensor degree (and per "
+                             "recomputation policy)")
     args = parser.parse_args()
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model)
     with pl.LocalCluster(ranks=args.devices) as cluster:
@@ -36,7 +37,8 @@ def main() -> None:
         print(plan.explain())
         chosen, seen = [], set()
         for c in plan.fitting:            # the best of each family, and of each policy
-            keys = {c.schedule if args.quick else (c.schedule, c.pipeline), c.recompute}
+            keys = {(c.schedule, c.tensor) if args.quick else (c.schedule, c.pipeline, c.tensor),
+                    c.recompute}
             if keys - seen and plan_check.can_run(c, cluster):
                 seen |= keys
                 chosen.append(c)
