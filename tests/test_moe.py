@@ -96,6 +96,25 @@ def test_ties_go_to_the_lower_expert_and_overflow_is_dropped_in_token_order() ->
     torch.testing.assert_close(y[:, :room], both)
 
 
+def test_ties_among_many_experts_follow_the_index_not_the_sort() -> None:
+    """With 32 experts in tied blocks of 8 (identical router rows), every token's top-4 are
+    the four lowest indices of its best block. torch's default (unstable) sort reorders equal
+    keys at this width, so this catches a routing whose tie rule hangs on sort internals; the
+    plain loop breaks ties by index explicitly."""
+    E, k = 32, 4
+    layer = _layer(E, k, c=1.0, d=8, f=8)
+    with torch.no_grad():
+        block = torch.randn(E // 8, 8)
+        layer.router.weight.copy_(block.repeat_interleave(8, dim=0))
+    x = torch.randn(2, 12, 8)
+    y = layer(x)
+    best = (x @ block.T).argmax(-1)                              # (2, 12) the winning block
+    want = best.unsqueeze(1) * 8 + torch.arange(k).view(1, k, 1)  # (2, k, 12)
+    assert torch.equal(layer.last.expert, want)
+    ref, _aux = plain_loop(layer, x)
+    torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-6)
+
+
 def test_second_choices_queue_behind_first_choices() -> None:
     """Tokens 0-3 prefer expert 0 then 1, tokens 4-5 expert 1 then 0; capacity 4. Second
     choices queue behind every first choice: expert 1 holds 4, 5 (first) and then 0, 1
@@ -132,6 +151,24 @@ def test_aux_loss_gradient_follows_the_loss_share() -> None:
         (g4,) = torch.autograd.grad(layer(x).sum() * 0, [layer.router.weight])
     torch.testing.assert_close(g4, g1 * 0.25)
     assert g1.abs().max() > 0
+
+
+def test_aux_scale_is_fixed_by_the_forward_even_when_recomputed() -> None:
+    """Under recomputation the backward (and the forward's re-run) happen after the F action
+    left its `loss_share`: the aux gradient must keep the scale the first forward saw."""
+    from torch.utils.checkpoint import checkpoint
+    layer = _layer()
+    x = torch.randn(2, 6, 16)
+    with loss_share(0.25):
+        (ref,) = torch.autograd.grad(layer(x).sum() * 0, [layer.router.weight])
+        y = checkpoint(layer, x, use_reentrant=False)
+    (got,) = torch.autograd.grad(y.sum() * 0, [layer.router.weight])  # outside the share
+    torch.testing.assert_close(got, ref)
+    with loss_share(0.5):                                   # a different share at backward
+        y = checkpoint(layer, x, use_reentrant=False)
+    with loss_share(1.0):
+        (again,) = torch.autograd.grad(y.sum() * 0, [layer.router.weight])
+    torch.testing.assert_close(again, ref * 2)
 
 
 def test_routing_ignores_the_rest_of_the_batch() -> None:
