@@ -71,11 +71,17 @@ def plot_routing(routing: Routing, title: str, ax=None, layer: int = 0, ymax: fl
     return ax
 
 
-def load_imbalance(routing: Routing) -> float:
-    """Busiest expert's assignments over the mean, over the whole step and every layer (1 =
+def layer_imbalance(routing: Routing) -> list[float]:
+    """Per MoE layer: the busiest expert's assignments over the mean, over the whole step (1 =
     perfectly even)."""
     per = routing.routed.sum(0).double()                   # (layers, E)
-    return (per.max(-1).values / per.mean(-1)).mean().item()
+    return (per.max(-1).values / per.mean(-1)).tolist()
+
+
+def load_imbalance(routing: Routing) -> float:
+    """`layer_imbalance` averaged over the layers."""
+    per = layer_imbalance(routing)
+    return sum(per) / len(per)
 
 
 def routing_explorer(cfg: ModelConfig, rows: int = 8, expert_parallel: int = 2):

@@ -7,6 +7,10 @@ all-to-all makes the whole group wait for the busiest one; so a stage's time for
 its dense part plus an expert part that grows with the *largest* load in the group. Uneven
 microbatches make uneven pipeline steps — bubbles. `routed_costs` turns measured counts into
 per-action costs for the simulator; `balanced` counts give the same work spread evenly.
+
+The expert part's size is the stage's *FLOP share* spent in experts (`expert_share`, from the
+model's cost profile), scaled by the load ratio; it is not a separately fitted per-token time, so
+it is as good as FLOPs are at predicting where a stage's time goes.
 """
 from __future__ import annotations
 

@@ -140,3 +140,17 @@ def test_simulated_stage_costs_follow_the_busiest_expert_process():
     flat = routed_costs(sched, costs, cfg, bounds, skew, expert_parallel=1)
     assert flat.per_action[pl.Action(0, "F", 1)] == pytest.approx(1.0)
     assert balanced(skew, 1, 16).routed.tolist() == even.routed.tolist()
+
+
+def test_expert_share_is_the_experts_flops_in_the_cost_profile():
+    """The simulator's expert part is a FLOP share: k experts' worth of the stage's FLOPs, one
+    expert's worth being what one more top-k choice adds to the cost profile."""
+    base = dict(n_layers=2, d_model=16, n_heads=2, seq_len=8, n_experts=4)
+    flops = {k: [r["flops"] for r in pl.layer_costs(pl.ModelConfig(**base, top_k=k))]
+             for k in (1, 2)}
+    one_expert = flops[2][1] - flops[1][1]
+    assert one_expert > 0
+    for start, stop in [(0, 2), (1, 3), (2, 4), (0, 4)]:
+        blocks = sum(1 <= i <= 2 for i in range(start, stop))
+        share = expert_share(pl.ModelConfig(**base, top_k=2), start, stop)
+        assert share == pytest.approx(2 * blocks * one_expert / sum(flops[2][start:stop]))
