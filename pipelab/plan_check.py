@@ -5,7 +5,7 @@ clock, first step left out: it pays for warm-up), and `replayed_time`, the last 
 actions at their measured CPU times placed by the simulator — what dedicated cores would show,
 and the fair comparison on a machine whose cores the ranks share with other work. Peak memory per device: the activation meter's peak (bytes autograd
 saved for backward, runtime/meter.py) plus the parameters, gradients and optimizer state of the
-rank's stages, counted from the live run's stages (RunResult.parameter_bytes) — the static part
+rank's stages, counted from the live run's stages (RunResult.stage_parameter_bytes) — the static part
 is not sampled from the process (its RSS holds torch itself), the activations are. The static
 part is counted on the rank's stages built as its worker builds them (`held_bytes`).
 """

@@ -253,7 +253,7 @@ def test_gradients_match_the_unsplit_model(clusters, name, ranks, microbatches):
         assert [e.action for e in res.timeline.events_of(rank)] == sched.actions[rank]
     # Weights built per rank: a replica stage costs its part's bytes again.
     model_bytes = sum(p.numel() * 4 for p in pl.ToyGPT(CFG).parameters())
-    assert sum(res.rank_parameter_bytes.values()) == weight_copies(sched) * model_bytes
+    assert sum(res.parameter_bytes.values()) == weight_copies(sched) * model_bytes
 
 
 def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form(capsys):

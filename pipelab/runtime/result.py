@@ -70,17 +70,17 @@ class RunResult:
     def data_parallel(self) -> int:
         return self.spec.data_parallel
 
-    def parameter_bytes(self, by: str = "stage"):
-        """Bytes of float32 parameters (and of the gradients each stage all-reduces): a list
-        with one number per stage, or with by="rank" a dict {pipeline rank: bytes}."""
+    @property
+    def parameter_bytes(self) -> dict[int, int]:
+        """{pipeline rank: bytes of the weights it built}, as the workers counted them (twice a
+        rank's share where its stages have weight replicas, as in DualPipe and Chimera)."""
+        return self.rank_parameter_bytes
+
+    def stage_parameter_bytes(self) -> list[int]:
+        """Bytes of float32 parameters of each stage (also what its gradient all-reduce moves),
+        from the byte model."""
         from ..memory import parameter_bytes
-        stages = [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
-        if by == "stage":
-            return stages
-        if by != "rank":
-            raise ValueError(f"by must be 'stage' or 'rank', got {by!r}")
-        sched = self.schedule
-        return {r: sum(stages[s] for s in sched.stages_of(r)) for r in range(sched.ranks)}
+        return [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
 
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
         """The simulator's prediction for this run: each compute kind at its measured median
@@ -91,7 +91,7 @@ class RunResult:
         # the measured all-reduce is dropped from the fit: the ring formula costs it instead
         costs = replace(fitted, kinds={k: v for k, v in fitted.kinds.items() if k != REDUCE},
                         bandwidth=bandwidth, latency=latency,
-                        parameter_bytes=self.parameter_bytes(), replicas=self.data_parallel)
+                        parameter_bytes=self.stage_parameter_bytes(), replicas=self.data_parallel)
         tl = simulate(self.schedule, costs, source="simulated",
                       i_frees=0.0 if self.i_frees is None else self.i_frees)
         tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
