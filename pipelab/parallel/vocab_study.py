@@ -244,6 +244,19 @@ def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> li
     return rows
 
 
+def compute_busy(res) -> list[float]:
+    """CPU seconds each rank spent computing in a live run: its actions' CPU time, the
+    collective barriers left out. On the workers a barrier blocks, and its measured time holds
+    the wait for the partner's part of the algebra, which the paper (and our simulator) runs on
+    a side lane beside the compute; this is the work the schedule balances."""
+    from ..schedules.kinds import KIND_SPECS
+    busy = [0.0] * res.schedule.ranks
+    for e in res.timeline.events:
+        if e.cpu is not None and not any(KIND_SPECS[p.kind].collective for p in e.action.parts):
+            busy[e.rank] += e.cpu
+    return busy
+
+
 def plot_methods(rows: list[dict], source: str, axes=None, memory_source: str | None = None):
     """Per-rank busy time and memory of each method, grouped bars; `source` goes in the titles
     ("simulated", "replayed", "measured"), `memory_source` in the memory panel's when the
