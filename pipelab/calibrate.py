@@ -21,6 +21,7 @@ import torch
 
 from .checks import positive_int
 from .model import ModelConfig, build_layer, loss_fn
+from .threads import one_thread
 
 DEFAULT_LATENCY = 2e-4       # s per message: loopback gloo between two processes, measured here
 DEFAULT_BANDWIDTH = 1e9      # bytes/s of a loopback all-reduce link
@@ -121,9 +122,7 @@ def _layer_times(cfg: ModelConfig, rows: int, repeats: int, warmup: int) -> list
     hidden = torch.randn(rows, cfg.seq_len, cfg.d_model, generator=gen)
     grad = torch.randn(rows, cfg.seq_len, cfg.d_model, generator=gen)
     last = cfg.total_layers - 1
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)                 # as a worker runs: one thread per rank
-    try:
+    with one_thread():                       # as a worker runs: one thread per rank
         out = []
         for i in range(cfg.total_layers):
             layer = build_layer(cfg, i)
@@ -143,8 +142,6 @@ def _layer_times(cfg: ModelConfig, rows: int, repeats: int, warmup: int) -> list
                     bwd.append(t2 - t1)
             out.append((statistics.median(fwd), statistics.median(bwd)))
         return out
-    finally:
-        torch.set_num_threads(threads)
 
 
 def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration:

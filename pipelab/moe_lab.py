@@ -12,6 +12,7 @@ from .data import get_batch
 from .model import ModelConfig, ToyGPT
 from .routing import Routing, balanced, routed_costs
 from .simulate import Costs, simulate
+from .threads import one_thread
 
 KEPT, DROPPED = "#4C72B0", "#C44E52"
 
@@ -129,17 +130,13 @@ def train_with_aux(cfg: ModelConfig, coefs, steps: int = 40, batch_size: int = 8
     from .train import train
     inputs = toy_batch(cfg, rows, seed=123)
     out = {}
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)        # tiny matrices: a second thread only waits for a core
-    try:
+    with one_thread():              # tiny matrices: a second thread only waits for a core
         for coef in coefs:
             c = replace(cfg, aux_loss_coef=coef)
             model = ToyGPT(c)
             before = route(model, inputs)
             losses = train(c, steps=steps, batch_size=batch_size, lr=lr, model=model)
             out[coef] = {"before": before, "after": route(model, inputs), "losses": losses}
-    finally:
-        torch.set_num_threads(threads)
     return out
 
 
