@@ -22,12 +22,12 @@ the workers. Quote `uptime` beside the figures: wall-clock time on a shared mach
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 from dataclasses import replace
 
 import pipelab as pl
 from pipelab import asynchrony
+from pipelab.bench.load import load_average
 
 
 def main() -> None:
@@ -54,7 +54,7 @@ def main() -> None:
     costs = replace(pl.compare.fit_costs(*(r for rs in runs.values() for r in rs)), comm=0.0)
     print(f"2 ranks, {args.batches} batches × {args.per} microbatches × {args.rows} rows = "
           f"{samples} samples, d_model {args.d_model}, SGD lr {args.lr}, {args.rounds} round(s); "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+          f"load average {load_average()}")
     print(f"{'schedule':14s}{'measured':>10s}{'replayed':>10s}{'simulated':>10s}  samples/s   "
           f"{'last loss':>9s}{'mean loss':>10s}   weight bytes rank 0 / rank 1")
     for name, rs in runs.items():

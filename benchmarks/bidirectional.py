@@ -25,11 +25,11 @@ so where it is large the measured bubble of Chimera and DualPipe is the replica 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import pipelab as pl
 from pipelab import bidirectional as bidir
+from pipelab.bench.load import load_average
 
 UNIT = pl.Costs(F=1.0, I=1.0, W=1.0)
 
@@ -56,7 +56,7 @@ def main() -> None:
     table = {r["name"]: r for r in bidir.memory_table(p, m, UNIT)}
     # 4p blocks: whole blocks for p stages and for a V's 2p, balanced by "cost" (docstring).
     cfg = pl.ModelConfig(n_layers=4 * p, d_model=args.d_model, n_heads=4, seq_len=16)
-    load_before = os.getloadavg()
+    load_before = load_average(1)
     measured = {}
     with pl.LocalCluster(p) as cluster:
         for name in bidir.NAMES:
@@ -66,7 +66,7 @@ def main() -> None:
             cluster.run(sched, model=cfg, partition="cost", check=False, progress=False)  # warm-up
             measured[name] = [cluster.run(sched, model=cfg, partition="cost", check=k == 0,
                                           progress=False) for k in range(args.repeats)]
-    load_after = os.getloadavg()
+    load_after = load_average(1)
     print(f"p={p}, m={m}; simulated at F=I=W=1 per rank's worth of layers; measured: toy GPT "
           f"d_model {cfg.d_model}, {cfg.total_layers} layers, partition='cost', median of "
           f"{args.repeats} runs each after a warm-up")
@@ -98,9 +98,7 @@ def main() -> None:
               f"{median(lambda r: r.replay.bubble_fraction()):>8.1%}"
               f"{median(lambda r: r.timeline.bubble_fraction()):>8.1%}"
               f"{act:>9.0f}{weights:>11.0f}{res.max_grad_error:>10.1e}")
-    print(f"load average (1, 5, 15 min): {load_before[0]:.1f} {load_before[1]:.1f} "
-          f"{load_before[2]:.1f} before, {load_after[0]:.1f} {load_after[1]:.1f} "
-          f"{load_after[2]:.1f} after")
+    print(f"load average (1, 5, 15 min): {load_before} before, {load_after} after")
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import os
 import statistics
 
 import pipelab as pl
+from pipelab.bench.load import load_average
 from pipelab.moe import moe_parameter_counts
 
 
@@ -91,13 +92,11 @@ def main() -> None:
     if args.quick:
         args.d_model, args.d_ff, args.rows, args.seq_len = 64, 128, 4, 32
         args.repeats, args.rounds = 7, 2
-    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f} on {os.cpu_count()} cores")
+    print(f"load average {load_average()} on {os.cpu_count()} cores")
     with pl.LocalCluster(ranks=2, timeout=120) as cluster:
         exchange_table(cluster, args)
     step_table(args)
-    print(f"\nload average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} "
-          f"{os.getloadavg()[2]:.2f} after the run")
+    print(f"\nload average {load_average()} after the run")
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import os
 import statistics
 
 import pipelab as pl
+from pipelab.bench.load import load_average
 from pipelab.parallel import tensor_view
 
 LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
@@ -56,8 +57,7 @@ def main() -> None:
     if args.quick:
         args.d_model, args.steps, args.grids = 32, 2, "2,4"
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=4, seq_len=32)
-    load = os.getloadavg()
-    print(f"load average {load[0]:.1f} {load[1]:.1f} {load[2]:.1f} on {os.cpu_count()} cores; "
+    print(f"load average {load_average(1)} on {os.cpu_count()} cores; "
           f"model d={cfg.d_model}, {cfg.n_layers} blocks; 2 ranks × 2 shards, "
           f"m={args.microbatches}")
     runs = {}
