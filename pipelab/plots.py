@@ -168,10 +168,6 @@ def path_summary(timeline, path=None) -> str:
             f"{summary.crossings} rank crossings")
 
 
-def _multi_stage(timeline) -> bool:
-    return any(e.action.stage >= timeline.ranks for e in timeline.events)
-
-
 def _memory_scale(timeline) -> tuple[float, str]:
     """Bytes as MiB (KiB when the peak is under 1 MiB); other units as they are."""
     if timeline.memory_unit != "bytes":
