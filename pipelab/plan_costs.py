@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .calibrate import Calibration
-from .memory import parameter_bytes
+from .memory import _blocks, parameter_bytes
 from .model import ModelConfig
 from .recompute import RECOMPUTE
 from .simulate import Costs
@@ -83,10 +83,6 @@ def _reduced_bytes(c: "Candidate", cfg: ModelConfig, a: int, b: int) -> int:
 def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float:
     """Seconds of `rounds` ring all-reduces of `floats` float32 in all over `n` processes."""
     return rounds * cal.latency + 2 * (n - 1) / n * floats * 4 / cal.bandwidth
-
-
-def _blocks(cfg: ModelConfig, start: int, stop: int) -> int:
-    return len(range(max(start, 1), min(stop, cfg.n_layers + 1)))
 
 
 def _vocab_kinds(c: "Candidate", cal: Calibration) -> dict[str, float]:
