@@ -37,6 +37,7 @@ from .runtime.handlers import register_handler
 from .schedules.actions import Action
 from .schedules.base import Schedule
 from .schedules.kinds import SAVED, Input, register_kind
+from .threads import one_thread
 from .recompute_placement import RECOMPUTE, with_recompute  # noqa: F401  (re-exported)
 
 
@@ -308,14 +309,10 @@ def sequential_peak(cfg: ModelConfig, rows: int, policy: str = "none", k: int | 
     chosen = policies({"policy": policy, "k": k} if k is not None else policy, cfg, bounds)
     meter = ActivationMeter(layers.parameters())
     x, y = get_batch(rows, cfg.seq_len, seed=seed)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)      # toy-sized ops: handing them to a second thread costs more
-    try:
+    with one_thread():            # toy-sized ops: handing them to a second thread costs more
         with meter.saving():
             loss = loss_fn(Recomputer({0: chosen[0]}, meter).forward(layers, x, 0, 0), y)
         loss.backward()
-    finally:
-        torch.set_num_threads(threads)
     return meter.peak
 
 

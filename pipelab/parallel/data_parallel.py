@@ -76,11 +76,6 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
     return result
 
 
-def replicas_of(schedule) -> int:
-    """How many replicas `with_data_parallel` made the schedule for (1 for a plain one)."""
-    return getattr(schedule, "data_parallel", 1)
-
-
 def has_reductions(schedule) -> bool:
     return REDUCE in schedule.kinds()
 

@@ -25,6 +25,7 @@ from ..schedules import Schedule, schedule as make_schedule
 from ..simulate import Costs, simulate
 from .vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
 from ..plots import KIND_COLOURS
+from ..threads import one_thread
 
 METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
 # Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
@@ -63,9 +64,7 @@ class VocabProfile:
     @classmethod
     def measure(cls, cfg: ModelConfig, rows: int = 4, repeats: int = 3) -> "VocabProfile":
         from ..runtime.meter import ActivationMeter
-        threads = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
+        with one_thread():
             gen = torch.Generator().manual_seed(cfg.seed)
             n = rows * cfg.seq_len
             idx = torch.randint(cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
@@ -95,8 +94,6 @@ class VocabProfile:
                 kept = block(hidden.clone().requires_grad_())
             del kept
             return cls(cfg, rows, *times, s_time, t_time, meter.peak)
-        finally:
-            torch.set_num_threads(threads)
 
 
 def model_for(cfg: ModelConfig, ranks: int, blocks_per_rank: int) -> ModelConfig:

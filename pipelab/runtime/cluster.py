@@ -169,9 +169,7 @@ class LocalCluster:
         pool = self._pool
 
         def check_deaths(grace: float) -> None:
-            deadline = time.perf_counter() + grace
-            while grace and pool.alive() and time.perf_counter() < deadline:
-                time.sleep(0.02)
+            _reap(pool, grace)
             pool.check_alive()
 
         try:
@@ -243,9 +241,7 @@ class LocalCluster:
 
     def _check_deaths(self, spec, grace: float = 0.0) -> None:
         """Raise WorkerError if a worker has died (waiting up to `grace` s for one to be reaped)."""
-        deadline = time.perf_counter() + grace
-        while grace and self._pool.alive() and time.perf_counter() < deadline:
-            time.sleep(0.02)
+        _reap(self._pool, grace)
         try:
             self._pool.check_alive()
         except WorkerError as err:
@@ -254,6 +250,13 @@ class LocalCluster:
             raise WorkerError(f"{err}{who}{where}; the other workers were stopped and the next run "
                               f"starts fresh ones", err.rank, action,
                               exitcode=err.exitcode) from None
+
+
+def _reap(pool: WorkerPool, grace: float) -> None:
+    """Wait up to `grace` s for a dying worker to be reaped (no wait when grace is 0)."""
+    deadline = time.perf_counter() + grace
+    while grace and pool.alive() and time.perf_counter() < deadline:
+        time.sleep(0.02)
 
 
 def _who(rank: int, spec) -> str:
