@@ -163,6 +163,11 @@ def comm_kinds() -> set[str]:
     return {k for k, spec in KIND_SPECS.items() if spec.lane == "comm"}
 
 
+def collective_kinds() -> set[str]:
+    """Kinds that several ranks run together (registered with `members`)."""
+    return {k for k, spec in KIND_SPECS.items() if spec.collective}
+
+
 def no_microbatch(action: Action) -> bool:
     return action.microbatch == NO_MICROBATCH
 
