@@ -11,10 +11,17 @@ to the part it computes. A microbatch's route is the one whose stages run it.
 from __future__ import annotations
 
 
+def _routes(schedule) -> tuple[tuple[int, ...], ...]:
+    """The schedule's routes; without any, the one route through every stage."""
+    if schedule.routes is not None:
+        return schedule.routes
+    return (tuple(range(len(schedule.placement))),)
+
+
 def route_links(schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(previous, next) stage of every stage on its route, -1 at a route's start / end."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     before, after = [-1] * n, [-1] * n
     for route in routes:
         for a, b in zip(route, route[1:]):
@@ -30,7 +37,7 @@ def route_problem(schedule) -> str | None:
     part 0 to the last, in order; two stages computing the same part (replicas) live on
     different ranks (one rank holding both would be one stage twice)."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     seen: dict[int, int] = {}
     for number, route in enumerate(routes):
         for stage in route:
@@ -64,7 +71,7 @@ def route_problem(schedule) -> str | None:
 def route_of_stage(schedule) -> list[int]:
     """The route number of every stage."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     out = [0] * n
     for number, route in enumerate(routes):
         for stage in route:
