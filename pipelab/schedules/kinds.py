@@ -188,3 +188,11 @@ def gradient_passes(schedule) -> dict[tuple[int, int], str]:
                     kinds[(part[0], part[2])] = part[1]
     schedule._weight_pass = (index, kinds)
     return kinds
+
+
+def gradient_edges(schedule, pairs) -> list[Input]:
+    """Ordering edges to the pass that finishes the weight gradient of each (stage, microbatch)
+    in `pairs` (`gradient_passes`): the accumulated .grad is local state, never a message."""
+    passes = gradient_passes(schedule)
+    return [_new(Input, ("grads", _new(Action, (s, passes.get((s, mb), "B"), mb)), False))
+            for s, mb in pairs]

@@ -26,7 +26,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, _index, gradient_passes, register_kind
+from .kinds import Input, _index, gradient_edges, gradient_passes, register_kind
 
 UPDATE = "U"
 SELECT = "V"
@@ -62,9 +62,7 @@ def covered(schedule, action: Action) -> range:
 def _update_inputs(schedule, a: Action) -> list[Input]:
     """Ordering edges to the gradient pass (B, or W when split) of every covered microbatch:
     the update reads the accumulated .grad, local state."""
-    passes = gradient_passes(schedule)
-    return [_new(Input, ("grads", _new(Action, (a[0], passes.get((a[0], mb), "B"), mb)), False))
-            for mb in covered(schedule, a)]
+    return gradient_edges(schedule, ((a[0], mb) for mb in covered(schedule, a)))
 
 
 register_kind(UPDATE, "optimizer update of the stage's weights (makes a new weight version)",
