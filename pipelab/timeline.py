@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .schedules.actions import Action
+from .schedules.kinds import collective_kinds, comm_kinds
 
 SOURCES = ("simulated", "measured", "replayed")
 
@@ -37,16 +38,6 @@ def _by_start_then_rank(events: list[Event]) -> list[Event]:
     start = np.fromiter(map(itemgetter(2), events), float, n)
     rank = np.fromiter(map(itemgetter(0), events), np.int64, n)
     return [events[i] for i in np.lexsort((rank, start)).tolist()]
-
-
-def _collective_kinds() -> set[str]:
-    from .schedules.kinds import KIND_SPECS
-    return {k for k, spec in KIND_SPECS.items() if spec.collective}
-
-
-def _comm_kinds() -> set[str]:
-    from .schedules.kinds import comm_kinds
-    return comm_kinds()
 
 
 @dataclass(frozen=True)
@@ -125,7 +116,7 @@ class Timeline:
         """Busy (computing) time per rank; communication-lane events (a gradient all-reduce,
         which runs beside the compute) are not counted."""
         out = {r: 0.0 for r in range(self.ranks)}
-        beside = _comm_kinds()
+        beside = comm_kinds()
         for e in self.events:
             if e.action.parts[0].kind not in beside:
                 out[e.rank] += e.duration
@@ -133,12 +124,12 @@ class Timeline:
 
     def comm_events(self) -> list[Event]:
         """Events on the ranks' communication lanes (gradient all-reduces), in start order."""
-        beside = _comm_kinds()
+        beside = comm_kinds()
         return [e for e in self.events if e.action.parts[0].kind in beside]
 
     def compute_end(self) -> float:
         """When the last compute (not communication-lane) action ends, relative to `start`."""
-        beside = _comm_kinds()
+        beside = comm_kinds()
         return max((e.end for e in self.events if e.action.parts[0].kind not in beside),
                    default=self.start) - self.start
 
@@ -245,7 +236,7 @@ class Timeline:
         """The ranks that ran the event's action: its members for a collective, else its rank."""
         from .schedules.graph import members_of
         action = event.action
-        if len(action.parts) == 1 and action.kind in _collective_kinds():
+        if len(action.parts) == 1 and action.kind in collective_kinds():
             return members_of(self.dependency_schedule(), action)
         return (event.rank,)
 
@@ -260,7 +251,7 @@ class Timeline:
         one on its lane (compute, or the communication lane) in program order; for a collective,
         that of every member, and on the communication lane also the compute each member ran
         just before reaching it (a collective starts once every member has arrived)."""
-        beside, together = _comm_kinds(), _collective_kinds()
+        beside, together = comm_kinds(), collective_kinds()
         by_rank = {(e.rank, e.action): e for e in self.events}
         sched = self.dependency_schedule()
         lane_before: dict[tuple[int, object], tuple[Event | None, Event | None]] = {}

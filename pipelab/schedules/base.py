@@ -9,7 +9,7 @@ import csv
 import io
 import operator
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -206,7 +206,6 @@ class Schedule:
             labels.append((label, number))
         result = cls._from_rows(_order_rows(rows, labels), placement, microbatches, name)
         if routing:
-            from dataclasses import replace
             result = replace(result, **routing)
         return result
 
@@ -234,7 +233,6 @@ class Schedule:
         rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
         result = cls._from_rows(rows, placement, microbatches, name)
         if routes is not None or slices is not None:
-            from dataclasses import replace
             result = replace(result, routes=routes, slices=slices)
         return result
 

@@ -23,9 +23,8 @@ import heapq
 
 from .actions import Action
 from .base import Schedule
-from .placement import v_placement
-from .reductions import replica_sum
 from .registry import register
+from .routes import two_way
 
 DOWN, UP = 0, 1
 
@@ -77,9 +76,4 @@ def chimera(ranks: int, microbatches: int) -> Schedule:
         raise ValueError(f"chimera needs microbatches to be a multiple of ranks ({ranks}): its "
                          f"basic unit sends ranks/2 microbatches each way, got "
                          f"microbatches={microbatches}")
-    p = ranks
-    actions = _slot_order(p, microbatches)
-    for r in range(p):
-        actions[r] += [replica_sum(part) for part in sorted({r, p - 1 - r})]
-    return Schedule(actions, placement=v_placement(p), microbatches=microbatches, name="chimera",
-                    routes=(tuple(range(p)), tuple(range(p, 2 * p))), slices=tuple(range(p)) * 2)
+    return two_way(_slot_order(ranks, microbatches), ranks, microbatches, name="chimera")

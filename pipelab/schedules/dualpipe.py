@@ -35,8 +35,8 @@ from typing import Sequence
 from .actions import Action, Compound
 from .base import Schedule
 from .placement import v_placement
-from .reductions import replica_sum
 from .registry import register
+from .routes import two_way
 
 
 class _Rank:
@@ -144,14 +144,8 @@ def dualpipe(ranks: int, microbatches: int) -> Schedule:
             rank = _Rank((route0_stage, route1_stage), (down, up))
         else:
             rank = _Rank((route1_stage, route0_stage), (up, down))
-        acts = _phases(rank, p // 2, min(r, p - 1 - r), n)
-        # The replicas sum their gradients once both are complete; both ranks of a pair sum
-        # their two parts in the same order.
-        acts += [replica_sum(part) for part in sorted({r, p - 1 - r})]
-        actions.append(acts)
-    return Schedule(actions, placement=v_placement(p), microbatches=microbatches,
-                    name="dualpipe", routes=(tuple(range(p)), tuple(range(p, 2 * p))),
-                    slices=tuple(range(p)) * 2)
+        actions.append(_phases(rank, p // 2, min(r, p - 1 - r), n))
+    return two_way(actions, p, microbatches, name="dualpipe")
 
 
 @register("dualpipe-v")

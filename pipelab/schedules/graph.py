@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Sequence
 
 from .actions import Action
 from .gcpause import without_gc
-from .kinds import KIND_SPECS, Input, comm_kinds
+from .kinds import KIND_SPECS, Input, collective_kinds, comm_kinds
 
 #: One entry of an execution order, as `Order` yields it: (ranks that run it, the step, the
 #: steps whose outputs it consumes).
@@ -88,7 +88,7 @@ def execution_order(schedule) -> Order:
     s = schedule
     s.reindex()
     inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}
-    collective = {k for k, spec in KIND_SPECS.items() if spec.collective}
+    collective = collective_kinds()
     alone = [(r,) for r in range(s.ranks)]  # shared, not one tuple per step
 
     position = [0] * s.ranks

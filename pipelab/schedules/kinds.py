@@ -163,6 +163,11 @@ def comm_kinds() -> set[str]:
     return {k for k, spec in KIND_SPECS.items() if spec.lane == "comm"}
 
 
+def collective_kinds() -> set[str]:
+    """Kinds that several ranks run together (registered with `members`)."""
+    return {k for k, spec in KIND_SPECS.items() if spec.collective}
+
+
 def no_microbatch(action: Action) -> bool:
     return action.microbatch == NO_MICROBATCH
 
@@ -171,15 +176,34 @@ def gradient_passes(schedule) -> dict[tuple[int, int], str]:
     """{(stage, microbatch): the kind that finishes its weight gradient}: W where the backward
     is split, else B (absent: B). Cached with the schedule's index; read by the actions that
     consume accumulated gradients (an all-reduce, an optimizer update)."""
-    index = _index(schedule)
-    cached = getattr(schedule, "_weight_pass", None)
-    if cached is not None and cached[0] is index:
-        return cached[1]
+    return cached_with_index(schedule, "_weight_pass", _gradient_passes)
+
+
+def _gradient_passes(schedule) -> dict[tuple[int, int], str]:
     kinds = {}
     for acts in schedule.actions:
         for item in acts:
             for part in item.parts:
                 if part[1] in ("B", "W"):
                     kinds[(part[0], part[2])] = part[1]
-    schedule._weight_pass = (index, kinds)
     return kinds
+
+
+def cached_with_index(schedule, name: str, build: Callable):
+    """`build(schedule)`, kept on the schedule as attribute `name` until its index of producers
+    is rebuilt (`Schedule.reindex`)."""
+    index = _index(schedule)
+    cached = getattr(schedule, name, None)
+    if cached is not None and cached[0] is index:
+        return cached[1]
+    value = build(schedule)
+    setattr(schedule, name, (index, value))
+    return value
+
+
+def gradient_edges(schedule, pairs) -> list[Input]:
+    """Ordering edges to the pass that finishes the weight gradient of each (stage, microbatch)
+    in `pairs` (`gradient_passes`): the accumulated .grad is local state, never a message."""
+    passes = gradient_passes(schedule)
+    return [_new(Input, ("grads", _new(Action, (s, passes.get((s, mb), "B"), mb)), False))
+            for s, mb in pairs]

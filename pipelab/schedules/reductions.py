@@ -14,9 +14,7 @@ such stage (the one on route 0), on every one of those ranks.
 from __future__ import annotations
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, gradient_passes, register_kind
-
-_new = tuple.__new__
+from .kinds import Input, gradient_edges, gradient_passes, register_kind
 
 REPLICA_SUM = "G"      # the kind's name: the validator and the runtime look for it by this
 
@@ -32,9 +30,8 @@ def allreduce_time(nbytes: float, replicas: int, bandwidth: float, latency: floa
 def gradient_inputs(schedule, stages) -> list[Input]:
     """Ordering edges to every pass that adds to the weight gradients of `stages`."""
     kinds = gradient_passes(schedule)
-    return [_new(Input, ("grads", _new(Action, (s, kinds.get((s, mb), "B"), mb)), False))
-            for s in stages for mb in range(schedule.microbatches)
-            if (s, mb) in kinds or schedule.routes is None]
+    return gradient_edges(schedule, ((s, mb) for s in stages for mb in range(schedule.microbatches)
+                                     if (s, mb) in kinds or schedule.routes is None))
 
 
 def replica_stages(schedule, stage: int) -> list[int]:

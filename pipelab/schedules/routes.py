@@ -10,11 +10,21 @@ to the part it computes. A microbatch's route is the one whose stages run it.
 """
 from __future__ import annotations
 
+from .placement import v_placement
+from .reductions import replica_sum
+
+
+def _routes(schedule) -> tuple[tuple[int, ...], ...]:
+    """The schedule's routes; without any, the one route through every stage."""
+    if schedule.routes is not None:
+        return schedule.routes
+    return (tuple(range(len(schedule.placement))),)
+
 
 def route_links(schedule) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """(previous, next) stage of every stage on its route, -1 at a route's start / end."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     before, after = [-1] * n, [-1] * n
     for route in routes:
         for a, b in zip(route, route[1:]):
@@ -30,7 +40,7 @@ def route_problem(schedule) -> str | None:
     part 0 to the last, in order; two stages computing the same part (replicas) live on
     different ranks (one rank holding both would be one stage twice)."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     seen: dict[int, int] = {}
     for number, route in enumerate(routes):
         for stage in route:
@@ -64,7 +74,7 @@ def route_problem(schedule) -> str | None:
 def route_of_stage(schedule) -> list[int]:
     """The route number of every stage."""
     n = len(schedule.placement)
-    routes = schedule.routes if schedule.routes is not None else (tuple(range(n)),)
+    routes = _routes(schedule)
     out = [0] * n
     for number, route in enumerate(routes):
         for stage in route:
@@ -93,3 +103,16 @@ def weight_copies(schedule) -> float:
     """Copies of the whole model's weights the pipeline holds: 2 for DualPipe and Chimera,
     1 for every schedule without replicas (DualPipeV, ZB-V, 1F1B)."""
     return len(schedule.placement) / schedule.model_slices
+
+
+def two_way(actions: list, ranks: int, microbatches: int, name: str):
+    """A bidirectional schedule on the V placement (DualPipe, Chimera): route 0 is stages
+    0..p−1, stage k on rank k; route 1 is stages p..2p−1, stage p+k computing part k on rank
+    p−1−k. Each rank's `actions` are ended with the replica sums of its two parts, in the same
+    order on both ranks of a pair, once both copies' gradients are complete."""
+    from .base import Schedule
+    p = ranks
+    for r in range(p):
+        actions[r] += [replica_sum(part) for part in sorted({r, p - 1 - r})]
+    return Schedule(actions, placement=v_placement(p), microbatches=microbatches, name=name,
+                    routes=(tuple(range(p)), tuple(range(p, 2 * p))), slices=tuple(range(p)) * 2)

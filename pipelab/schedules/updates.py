@@ -26,7 +26,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, _index, gradient_passes, register_kind
+from .kinds import Input, cached_with_index, gradient_edges, gradient_passes, register_kind
 
 UPDATE = "U"
 SELECT = "V"
@@ -35,10 +35,10 @@ _new = tuple.__new__
 
 def updates_by_stage(schedule) -> dict[int, list[int]]:
     """{stage: sorted microbatches of its U actions}, cached with the schedule's index."""
-    index = _index(schedule)
-    cached = getattr(schedule, "_updates", None)
-    if cached is not None and cached[0] is index:
-        return cached[1]
+    return cached_with_index(schedule, "_updates", _updates_by_stage)
+
+
+def _updates_by_stage(schedule) -> dict[int, list[int]]:
     found: dict[int, list[int]] = {}
     for acts in schedule.actions:
         for item in acts:
@@ -47,7 +47,6 @@ def updates_by_stage(schedule) -> dict[int, list[int]]:
                     found.setdefault(stage, []).append(mb)
     for mbs in found.values():
         mbs.sort()
-    schedule._updates = (index, found)
     return found
 
 
@@ -62,9 +61,7 @@ def covered(schedule, action: Action) -> range:
 def _update_inputs(schedule, a: Action) -> list[Input]:
     """Ordering edges to the gradient pass (B, or W when split) of every covered microbatch:
     the update reads the accumulated .grad, local state."""
-    passes = gradient_passes(schedule)
-    return [_new(Input, ("grads", _new(Action, (a[0], passes.get((a[0], mb), "B"), mb)), False))
-            for mb in covered(schedule, a)]
+    return gradient_edges(schedule, ((a[0], mb) for mb in covered(schedule, a)))
 
 
 register_kind(UPDATE, "optimizer update of the stage's weights (makes a new weight version)",
