@@ -1,0 +1,147 @@
+"""Timing comparisons that know the machine is noisy: paired rounds, a spread, and a verdict.
+
+A learner's laptop is a busy machine. Two timings taken once each can come out in either order;
+what a notebook may claim is what *every* round agrees on. `paired_rounds` alternates the two
+measurements (A, B, B, A, ...) so a burst of load hits both sides alike, takes the ratio B / A
+within each round, and resolves "A faster than B" only when the ratios' whole interval clears a
+margin. Otherwise the verdict says "not resolvable at this noise" and a notebook prints the
+figures instead of asserting them.
+"""
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+
+def load_average() -> float:
+    """The 1-minute load average (0.0 where the platform has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return 0.0
+
+
+def load_line() -> str:
+    """What a live cell prints beside its timings: the load it ran at and the cores it had."""
+    return f"load average {load_average():.2f} on {os.cpu_count()} cores"
+
+
+def _interval(values: Sequence[float]) -> tuple[float, float]:
+    """The range the middle of the rounds spans: with 5 or more rounds the extreme round on each
+    side is dropped (one burst of load must not decide the verdict), else the full range."""
+    ordered = sorted(values)
+    if len(ordered) >= 5:
+        ordered = ordered[1:-1]
+    return ordered[0], ordered[-1]
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """The outcome of a paired comparison of two timed quantities (smaller is faster)."""
+    label_a: str
+    label_b: str
+    a: tuple[float, ...]               # per-round values of A (seconds or any time unit)
+    b: tuple[float, ...]
+    margin: float                      # the ratio must clear 1 ± margin to count
+    load: tuple[float, float] = field(default=(0.0, 0.0))   # 1-minute load before and after
+
+    @property
+    def ratios(self) -> tuple[float, ...]:
+        """B / A in each round: above 1 means A was faster in that round."""
+        return tuple(b / a for a, b in zip(self.a, self.b))
+
+    @property
+    def ratio(self) -> float:
+        """The median of the per-round ratios B / A."""
+        return statistics.median(self.ratios)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """Low and high end of the per-round ratios (extremes dropped from 5 rounds on)."""
+        return _interval(self.ratios)
+
+    @property
+    def faster(self) -> str | None:
+        """The label of the side every counted round found faster, or None when unresolved."""
+        low, high = self.interval
+        if low > 1 + self.margin:
+            return self.label_a
+        if high < 1 / (1 + self.margin):
+            return self.label_b
+        return None
+
+    @property
+    def resolved(self) -> bool:
+        return self.faster is not None
+
+    def median(self, side: str) -> float:
+        return statistics.median(self.a if side == self.label_a else self.b)
+
+    def spread(self, side: str) -> float:
+        """Half the range of one side's rounds."""
+        values = self.a if side == self.label_a else self.b
+        return (max(values) - min(values)) / 2
+
+    def summary(self) -> str:
+        low, high = self.interval
+        sides = ", ".join(f"{s} {self.median(s):.4g} ± {self.spread(s):.2g}"
+                          for s in (self.label_a, self.label_b))
+        figures = (f"{self.label_b} / {self.label_a} = {self.ratio:.2f} "
+                   f"(rounds {low:.2f}–{high:.2f}, n={len(self.a)}); {sides}")
+        load = f"load {self.load[0]:.1f} → {self.load[1]:.1f}"
+        if self.faster == self.label_a:
+            head = f"{self.label_a} faster than {self.label_b}"
+        elif self.faster == self.label_b:
+            head = f"{self.label_b} faster than {self.label_a}"
+        else:
+            head = f"{self.label_a} vs {self.label_b}: not resolvable at this noise"
+        return f"{head}: {figures}; {load}"
+
+    def __str__(self) -> str:
+        return self.summary()
+
+
+def verdict(a: Sequence[float], b: Sequence[float], labels: tuple[str, str] = ("A", "B"),
+            margin: float = 0.05, load: tuple[float, float] | None = None) -> Verdict:
+    """A verdict from already-paired samples (round i of A beside round i of B)."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"a and b need the same number of rounds, at least one "
+                         f"(got {len(a)} and {len(b)})")
+    if any(x <= 0 for x in (*a, *b)):
+        raise ValueError("timings must be positive")
+    if margin < 0:
+        raise ValueError(f"margin must be >= 0, got {margin}")
+    here = load_average()
+    return Verdict(labels[0], labels[1], tuple(a), tuple(b), margin,
+                   load if load is not None else (here, here))
+
+
+def paired_rounds(a: Callable[[], float], b: Callable[[], float], rounds: int = 5,
+                  labels: tuple[str, str] = ("A", "B"), margin: float = 0.05,
+                  progress: bool = True) -> Verdict:
+    """Time A and B `rounds` times each, alternating which goes first, and judge B / A.
+
+    `a` and `b` run one measurement each and return its time (smaller is faster). With
+    `progress`, a status line on stderr says which round is running."""
+    if not isinstance(rounds, int) or rounds < 1:
+        raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
+    before = load_average()
+    xs, ys = [], []
+    for i in range(rounds):
+        if progress:
+            print(f"\r{labels[0]} vs {labels[1]}: round {i + 1}/{rounds} "
+                  f"(load {load_average():.1f})", end="", file=sys.stderr, flush=True)
+        if i % 2 == 0:
+            x = a()
+            y = b()
+        else:
+            y = b()
+            x = a()
+        xs.append(x)
+        ys.append(y)
+    if progress:
+        print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+    return verdict(xs, ys, labels, margin, (before, load_average()))
