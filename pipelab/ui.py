@@ -36,3 +36,10 @@ def output(min_height: str):
     """An Output area that never shrinks below `min_height` while it is redrawn."""
     import ipywidgets as w
     return w.Output(layout=w.Layout(min_height=min_height))
+
+
+def interact(function, **controls):
+    """`ipywidgets.interact` for the workbook's notebooks: every chapter calls this one, so how an
+    interactive cell behaves (in JupyterLab, or headless under nbval and nbconvert) is decided here."""
+    import ipywidgets as w
+    return w.interact(function, **controls)
