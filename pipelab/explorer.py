@@ -11,6 +11,7 @@ Every control follows ui.py: one per row, 220-px labels, long tracks, outputs of
 from __future__ import annotations
 
 import statistics
+import textwrap
 from typing import Mapping, Sequence
 
 from .player import messages_in_flight, live_activations, player, running_at, status  # noqa: F401
@@ -26,6 +27,29 @@ def bubble_line(tl, ranks: int, microbatches: int) -> str:
             f"({tl.bubble_ratio():.2f} × the compute);  "
             f"(p−1)/(m+p−1) = {formula:.1%}\n"
             f"  [the formula assumes balanced stages and no communication]")
+
+
+# JupyterLab shows printed text with `word-break: break-all`: a line longer than the output
+# area is cut wherever the edge falls, mid-word ("throu" / "gh"). Lines kept under ~90
+# monospace characters (about 700 px at 13 px) never reach the edge of a 1,000-px page.
+REFUSAL_WIDTH = 88
+
+
+def refusal(error, width: int = REFUSAL_WIDTH, prefix: str = "refused: ") -> str:
+    """An error's message as an explorer prints it: `prefix` + the message, every prose line
+    wrapped at word boundaries within `width` characters (continuation lines indented), so the
+    browser never breaks a word. Lines that start with a space (a grid, a table) are kept."""
+    if width < len(prefix) + 20:
+        raise ValueError(f"width must leave at least 20 characters after the prefix, got {width}")
+    lines = []
+    for k, line in enumerate(str(error).splitlines() or [""]):
+        first = prefix if k == 0 else ""
+        if line[:1].isspace() or len(first + line) <= width:
+            lines.append(first + line)
+            continue
+        lines.append(textwrap.fill(line, width, initial_indent=first, subsequent_indent="  ",
+                                   break_long_words=False, break_on_hyphens=False))
+    return "\n".join(lines)
 
 
 GANTT_HEIGHT = 2.6      # inches, whatever p: the explorer's output keeps its height
@@ -68,8 +92,12 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
         per = "batch" if fixed_batch else "microbatch"
         # F = 1 and B = backward_ratio per rank's worth of layers (divided among its chunks):
         # one microbatch's costs, or the whole batch's with the fixed-batch toggle.
-        tl = simulate_named(name, ranks, microbatches,
-                            Costs.from_backward(F=1.0, B=backward_ratio, comm=comm, per=per))
+        try:
+            tl = simulate_named(name, ranks, microbatches,
+                                Costs.from_backward(F=1.0, B=backward_ratio, comm=comm, per=per))
+        except ValueError as error:         # a shape the schedule refuses: say why, in words
+            print(refusal(error))
+            return
         plots.compare([tl], titles=[f"{name}, p={ranks}, m={microbatches}"],
                       memory=memory, critical_path=critical_path, phases=True,
                       panel_height=GANTT_HEIGHT)

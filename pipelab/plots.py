@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from .plots_fit import fitted_label_class, legend_covers, place_legend  # noqa: F401
+
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868",
                 "AR": "#333333",    # a gradient all-reduce, drawn on the rank's communication lane
                 "U": "#937860",     # an optimizer update inside the schedule (asynchronous pipelines)
@@ -54,6 +56,18 @@ def chunk_of(timeline) -> dict[int, int]:
     return {stage: i for mine in stages.values() for i, stage in enumerate(sorted(mine))}
 
 
+def label_candidates(parts, chunks: dict[int, int]) -> list[str]:
+    """A box's label, longest first: every part's microbatch with its chunk marks ("3'/5''"),
+    then without the marks ("3/5": the hatching still tells the chunk), then the first part's
+    microbatch alone ("3"). A step without a microbatch is named by its action ("0U")."""
+    numbered = [part for part in parts if part.microbatch >= 0]
+    if not numbered:
+        return [str(parts[0]) if len(parts) == 1 else "+".join(map(str, parts))]
+    full = "/".join(f"{part.microbatch}{chr(39) * chunks.get(part.stage, 0)}" for part in numbered)
+    plain = "/".join(str(part.microbatch) for part in numbered)
+    return list(dict.fromkeys([full, plain, str(numbered[0].microbatch)]))
+
+
 def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None = None,
                critical_path: bool = False, phases: bool = False, legend: bool = True):
     """One row per rank (rank 0 on top); a box per action, coloured by kind, with its microbatch.
@@ -98,12 +112,15 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             patch.pipelab_overlays.append(overlay)
         ax.add_patch(patch)
         bars[e] = patch
-        if width > span / 60 and timeline.ranks <= 16 and not lane:
-            text = "/".join(f"{part.microbatch}{chr(39) * chunks.get(part.stage, 0)}"
-                            for part in parts if part.microbatch >= 0) or str(e.action)
-            labels[e] = ax.text(left + width / 2, e.rank, text,
-                                ha="center", va="center", fontsize=7, color="white", zorder=4,
-                                fontweight="bold" if multi else "normal")
+        if width > span / 400 and timeline.ranks <= 16 and not lane:
+            # A label measures itself against its box when drawn: shortened or left out
+            # where the box is too narrow (interleaved, V and braided charts).
+            label = fitted_label_class()(left + width / 2, e.rank,
+                                         label_candidates(parts, chunks), patch,
+                                         ha="center", va="center", fontsize=7, color="white",
+                                         zorder=4, fontweight="bold" if multi else "normal")
+            labels[e] = ax.add_artist(label)
+            ax.add_artist(labels[e])
     ax.pipelab_bars, ax.pipelab_labels = bars, labels
     handles = [Patch(color=kind_colour(k), label=f"{k} (comm lane)" if k in beside else k)
                for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
@@ -133,8 +150,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     ax.set_xlim(0, xmax if xmax is not None else span)
     ax.set_xlabel(f"time ({unit})")
     if legend:
-        ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8,
-                  frameon=False)
+        place_legend(ax, handles)
     heading = _with_source(title or timeline.title or "pipeline", timeline.source)
     ax.set_title(f"{heading}: makespan {timeline.makespan * scale:.4g} {unit}, "
                  f"bubble {timeline.bubble_fraction():.1%} of the makespan{note}", fontsize=10)
@@ -205,7 +221,7 @@ def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None 
                          for _, lv in timeline.memory_curve(r)] or [1.0])) * 1.15 or 1.0)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel(f"live activations\n({mem_unit})", fontsize=9)
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    place_legend(ax)
     heading = _with_source(title or timeline.title or "pipeline", timeline.source)
     ax.set_title(f"{heading} activation memory", fontsize=10)
     return ax

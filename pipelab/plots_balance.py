@@ -2,7 +2,7 @@
 and per-layer costs. Re-exported by `pipelab.plots`."""
 from __future__ import annotations
 
-from .plots import _axes
+from .plots import _axes, place_legend
 
 
 BALANCE_COLOURS = {"params": "#8172B3", "flops": "#4C72B0", "times": "#DD8452"}
@@ -29,7 +29,7 @@ def plot_balance(parts, ax=None, title: str | None = None):
     stage_layouts = parts.layout.split("|")
     ax.set_xticks(x, [f"stage {s}\n{stage_layouts[s]}" for s in range(parts.stages)], fontsize=8)
     ax.set_ylabel("share of the model (%)")
-    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=8, frameon=False)
+    place_legend(ax)
     ax.set_title(title or f"{parts.method}: {parts.layout}", fontsize=10)
     return ax
 

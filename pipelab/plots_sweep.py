@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .plots import _axes
+from .plots import _axes, place_legend
 
 
 class SweepTable(list):
@@ -70,5 +70,5 @@ def plot_sweep(table, *args, ylabel: str = "", ax=None, **kwargs):
     ax.set_ylabel(ylabel)
     ax.set_title(f"{table.name}: simulated (dots)" + (" vs closed form (dashes)" if with_formula
                                                       else ""), fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.0, 1.0), frameon=False)
+    place_legend(ax, fontsize=7)
     return ax

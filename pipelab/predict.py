@@ -47,14 +47,21 @@ class Judge:
 
 
 def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", explain: str = "",
-            choices: Sequence | None = None):
+            choices: Sequence | None = None, subject: str = "the pipeline"):
     """A question, an input and a Check button; on Check it says right or wrong, then shows the
     computed answer and the explanation. Returns the widget (a VBox) with `.answer` (the
-    computed answer, for the notebook's asserts) and `.check(value) -> bool`."""
+    computed answer, for the notebook's asserts) and `.check(value) -> bool`.
+
+    `subject` names where the answer comes from, as the feedback says it: "… ; the pipeline
+    gives 41 units." is right for a simulated or measured step, wrong for a byte model, a
+    routing rule or the planner: pass e.g. subject="the byte model" or "the planner"."""
     import ipywidgets as w
     from . import ui
 
     judge = Judge(answer, tolerance)
+    if not str(subject).strip():
+        raise ValueError("subject must name where the answer comes from (e.g. 'the planner'), "
+                         "got an empty string")
     if choices is not None:
         choices = list(choices)
         if answer not in choices:
@@ -87,7 +94,7 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
         verdict = ("<span style='color:#2e7d32'><b>✔ right</b></span>" if right else
                    "<span style='color:#c62828'><b>✘ wrong</b></span>")
         result.value = (f"{verdict}: you said {html.escape(str(value))}; "
-                        f"the pipeline gives <b>{html.escape(shown)}</b>."
+                        f"{feedback(subject, shown)}"
                         + (f"<br>{html.escape(explain)}" if explain else ""))
 
     button.on_click(on_check)
@@ -105,6 +112,11 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
     box.field, box.button, box.result = field, button, result
     box.submit = on_check
     return box
+
+
+def feedback(subject: str, shown: str) -> str:
+    """"the pipeline gives <b>41 units</b>." — the answer, attributed to its source (HTML)."""
+    return f"{html.escape(subject.strip())} gives <b>{html.escape(shown)}</b>."
 
 
 def _show(answer, unit: str, tolerance: float) -> str:
