@@ -4,7 +4,9 @@ Starts JupyterLab on a temporary copy of notebooks/ (Run All and autosave write 
 Notebook 00: runs every cell, moves the `layers` slider with the keyboard, trains from the
 widget's button and checks that the page shows the new model and its loss curve.
 The teaching widgets: a small notebook written into the copy drives the player (time slider and
-play button) and a predict-then-check question. Screenshots go to artifacts/screenshots/.
+play button) and a predict-then-check question; a second one does the same with later chapters'
+pictures and questions (a DualPipeV player with chunk labels, a byte-model question, a refusal).
+Screenshots go to artifacts/screenshots/.
 """
 from __future__ import annotations
 
@@ -235,13 +237,12 @@ TEACH_CELLS = [
 PLAYER_STEPS = 12        # arrow presses on the time slider
 
 
-def _write_teach_notebook(folder: Path) -> str:
+def _write_notebook(folder: Path, name: str, sources: list[str]) -> str:
     import nbformat
     nb = nbformat.v4.new_notebook()
-    nb.cells = [nbformat.v4.new_code_cell(src) for src in TEACH_CELLS]
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)",
                                  "language": "python"}
-    name = "teach_widgets.ipynb"
     nbformat.write(nb, folder / name)
     return name
 
@@ -257,7 +258,7 @@ def _check_teaching_widgets(lab, page) -> None:
     import pipelab as pl
     from pipelab.player import frame_times, status
 
-    name = _write_teach_notebook(lab.log.parent / "notebooks")
+    name = _write_notebook(lab.log.parent / "notebooks", "teach_widgets.ipynb", TEACH_CELLS)
     _open_and_run(page, lab, name)
     # The file browser open: the notebook gets ~1,000 px, as a reader's screen would give it.
     if not page.locator(".jp-FileBrowser").is_visible():
@@ -318,3 +319,96 @@ def _check_teaching_widgets(lab, page) -> None:
     for slider in explorer.locator(".slider-container").all():
         assert slider.bounding_box()["width"] > 300       # usable tracks, file browser open
     _screenshot(page, "schedule-explorer")
+
+
+# --- a later chapter's widgets: chunks, a byte-model question, a refusal ------------------------
+# Built from library helpers only (not from a chapter's notebook, which its owner may change).
+
+LATER_CELLS = [
+    "%matplotlib inline\n"
+    "import pipelab as pl\n"
+    "from pipelab.compare import simulate_named\n"
+    "tl = simulate_named('dualpipe-v', 4, 8, pl.Costs())\n"
+    "pl.explorer.player(tl)",
+    "cfg = pl.ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=32)\n"
+    "kept = pl.memory.block_bytes(cfg, 2, 'full') / 2**10\n"
+    "question = pl.explorer.predict('Full recomputation, 2 sequences: how many KiB does one block "
+    "keep?', kept, tolerance=0.01, unit='KiB', subject='the byte model', "
+    "explain='Only its input: 4 bytes x 64 tokens x 64 features.')\n"
+    "question",
+    "pl.explorer.schedule_explorer(names=('interleaved-1f1b',), ranks=3, microbatches=7);",
+]
+
+
+@pytest.mark.timeout(300)
+def test_later_chapter_player_predict_and_refusal_in_browser(lab, page):
+    _checked(_check_later_chapter, lab, page, "later")
+
+
+def _rendered_lines(element) -> int:
+    """How many lines the browser lays the element's text out on (wrapped lines included)."""
+    return element.evaluate(
+        "e => { const r = document.createRange(); r.selectNodeContents(e);"
+        " return new Set(Array.from(r.getClientRects(), x => Math.round(x.top))).size; }")
+
+
+def _check_later_chapter(lab, page) -> None:
+    from playwright.sync_api import expect
+
+    import pipelab as pl
+    from pipelab.compare import simulate_named
+    from pipelab.player import frame_times, status
+
+    name = _write_notebook(lab.log.parent / "notebooks", "later_widgets.ipynb", LATER_CELLS)
+    _open_and_run(page, lab, name)
+    if not page.locator(".jp-FileBrowser").is_visible():
+        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
+    expect(page.locator(".jp-FileBrowser")).to_be_visible()
+
+    # The player over a V-shaped, two-chunk schedule with overlapped pairs.
+    tl = simulate_named("dualpipe-v", 4, 8, pl.Costs())
+    frames = frame_times([tl])
+    player_status = page.locator(".pipelab-player-status")
+    expect(player_status).to_contain_text("t = 0 units", timeout=120_000)
+    expect(page.get_by_text("Traceback (most recent call last)")).to_have_count(0)
+    picture = page.locator(".pipelab-player-chart").get_attribute("src")
+    handle = page.locator(".pipelab-player-time .noUi-handle")
+    handle.focus()
+    for _ in range(PLAYER_STEPS):
+        handle.press("ArrowRight")
+    t = frames[PLAYER_STEPS]
+    expect(player_status).to_contain_text(f"t = {t:.4g} units", timeout=30_000)
+    for line in status(tl, t):
+        expect(player_status).to_contain_text(line)
+    expect(page.locator(".pipelab-player-chart")).not_to_have_attribute("src", picture)
+    page.locator(".pipelab-player").scroll_into_view_if_needed()
+    _screenshot(page, "later-player-moved")
+
+    # A question whose answer comes from the byte model says so, not "the pipeline".
+    question = page.locator(".pipelab-predict")
+    question.scroll_into_view_if_needed()
+    answer = question.locator(".pipelab-predict-input input")
+    result = question.locator(".pipelab-predict-result")
+    answer.fill("8")
+    answer.press("Tab")
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("wrong", timeout=30_000)
+    expect(result).to_contain_text("the byte model gives 16 KiB")
+    expect(result).not_to_contain_text("pipeline")
+    answer.fill("")
+    answer.press_sequentially("16")
+    answer.press("Tab")
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("right", timeout=30_000)
+    _screenshot(page, "later-predict-checked")
+
+    # A refused setting prints its reason on lines the browser does not wrap (JupyterLab
+    # breaks an overlong printed line mid-word).
+    explorer = page.locator(".pipelab-schedule-explorer")
+    explorer.scroll_into_view_if_needed()
+    refusal = explorer.locator("pre", has_text="refused:")
+    expect(refusal).to_contain_text("through each chunk", timeout=60_000)
+    text_lines = [line for line in refusal.inner_text().splitlines() if line.strip()]
+    assert len(text_lines) > 1 and _rendered_lines(refusal) == len(text_lines), \
+        (text_lines, _rendered_lines(refusal))
+    _screenshot(page, "later-refusal")
