@@ -206,15 +206,26 @@ def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None 
     span = (timeline.makespan or 1.0) * scale
     mem_scale, mem_unit = _memory_scale(timeline)
     end = xmax if xmax is not None else span
+    # Ranks with the very same curve (DualPipe's and Chimera's mirrored ranks) would hide one
+    # another: each later twin is drawn dashed and thinner on top, so the first shows through
+    # its gaps, and the legend names its twin.
+    twins: dict[tuple, list[int]] = {}
+    for rank in range(timeline.ranks):
+        twins.setdefault(tuple(timeline.memory_curve(rank)), []).append(rank)
     for rank in range(timeline.ranks):
         curve = timeline.memory_curve(rank)
         if not curve:
             continue
+        group = twins[tuple(curve)]
+        place = group.index(rank)
         ts = [max(0.0, (t - t0) * scale) for t, _ in curve] + [end]
         levels = [level / mem_scale for _, level in curve]
         label = _peak_label(timeline, rank, unit_bytes)
         ax.step(ts, levels + levels[-1:], where="post",
-                label=f"rank {rank}" + (f" peak {label}" if label else ""))
+                linewidth=1.5 + (len(group) - 1 - place), zorder=2 + place,
+                linestyle=(2 * place, (4, 4)) if place else "-",
+                label=f"rank {rank}" + (f" = rank {group[0]}" if place else "")
+                + (f" peak {label}" if label else ""))
     ax.set_xlim(0, end)
     ax.set_ylim(0, (ymax if ymax is not None else
                     max([lv / mem_scale for r in range(timeline.ranks)

@@ -191,3 +191,27 @@ def test_timeline_legends_sit_outside_the_axes():
     with pytest.raises(ValueError, match="where"):
         place_legend(fig.axes[0], where="inside")
     plt.close(fig)
+
+
+# --- memory curves that coincide stay visible ---------------------------------------------------
+
+def test_mirrored_ranks_with_the_same_memory_curve_both_show():
+    """DualPipe's rank 3 holds exactly what rank 0 holds: drawn alike, rank 3's line would cover
+    rank 0's entirely. Both colours must reach the picture, and the legend names the twin."""
+    import numpy as np
+    from matplotlib.colors import to_rgb
+    tl = pl.simulate(pl.schedule("dualpipe", ranks=4, microbatches=8), pl.Costs())
+    assert tl.memory_curve(0) == tl.memory_curve(3)          # the case this guards
+    fig = pl.plots.compare([tl], memory=True, gantt=False)
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    ax.get_legend().set_visible(False)        # its swatches would show every colour anyway
+    fig.canvas.draw()
+    pixels = np.asarray(fig.canvas.buffer_rgba())[..., :3].astype(float) / 255
+    for line in ax.get_lines():
+        colour = np.array(to_rgb(line.get_color()))
+        seen = (np.abs(pixels - colour).max(axis=-1) < 0.02).sum()
+        assert seen > 20, f"{line.get_label()}: its colour is hidden"
+    assert any(label.startswith("rank 3 = rank 0") for label in labels)
+    assert any(label.startswith("rank 2 = rank 1") for label in labels)
+    plt.close(fig)
