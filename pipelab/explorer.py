@@ -10,6 +10,8 @@ Every control follows ui.py: one per row, 220-px labels, long tracks, outputs of
 """
 from __future__ import annotations
 
+import contextlib
+import re
 import statistics
 import textwrap
 from typing import Mapping, Sequence
@@ -50,6 +52,26 @@ def refusal(error, width: int = REFUSAL_WIDTH, prefix: str = "refused: ") -> str
         lines.append(textwrap.fill(line, width, initial_indent=first, subsequent_indent="  ",
                                    break_long_words=False, break_on_hyphens=False))
     return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def expect_refusal(match: str | None = None, width: int = REFUSAL_WIDTH):
+    """A cell that shows what pipelab refuses, without a traceback: the block must raise a
+    ValueError (a ScheduleError is one), whose message is printed wrapped between words
+    (`refusal`); `match` (a regular expression) must then be found in it. A block that raises
+    nothing, or a message without `match`, fails the cell with an AssertionError.
+
+        with pl.explorer.expect_refusal("equal rounds"):
+            pl.schedule("interleaved-1f1b", ranks=3, microbatches=7, chunks=2)
+    """
+    try:
+        yield
+    except ValueError as error:
+        print(refusal(error, width))
+        if match is not None and not re.search(match, str(error)):
+            raise AssertionError(f"refused, but the message does not match {match!r}") from error
+    else:
+        raise AssertionError("expected a refusal (a ValueError), but the block ran")
 
 
 GANTT_HEIGHT = 2.6      # inches, whatever p: the explorer's output keeps its height

@@ -215,3 +215,20 @@ def test_mirrored_ranks_with_the_same_memory_curve_both_show():
     assert any(label.startswith("rank 3 = rank 0") for label in labels)
     assert any(label.startswith("rank 2 = rank 1") for label in labels)
     plt.close(fig)
+
+
+def test_expect_refusal_prints_the_reason_and_fails_when_nothing_is_refused(capsys):
+    with pl.explorer.expect_refusal("equal rounds"):
+        pl.schedule("interleaved-1f1b", ranks=3, microbatches=7, chunks=2)
+    shown = capsys.readouterr().out
+    assert shown.startswith("refused: interleaved-1f1b needs")
+    assert max(map(len, shown.splitlines())) <= pl.explorer.REFUSAL_WIDTH
+    with pytest.raises(AssertionError, match="but the block ran"):
+        with pl.explorer.expect_refusal():
+            pl.schedule("interleaved-1f1b", ranks=4, microbatches=8, chunks=2)
+    with pytest.raises(AssertionError, match="does not match"):
+        with pl.explorer.expect_refusal("no such words"):
+            pl.schedule("zb-h2", ranks=4, microbatches=6)
+    with pytest.raises(ZeroDivisionError):              # only refusals are caught
+        with pl.explorer.expect_refusal():
+            1 / 0
