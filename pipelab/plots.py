@@ -112,7 +112,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             patch.pipelab_overlays.append(overlay)
         ax.add_patch(patch)
         bars[e] = patch
-        if width > span / 400 and timeline.ranks <= 16 and not lane:
+        # under ~1% of the axes no label fits at any figure size the workbook uses
+        if width > span / 120 and timeline.ranks <= 16 and not lane:
             # A label measures itself against its box when drawn: shortened or left out
             # where the box is too narrow (interleaved, V and braided charts).
             label = fitted_label_class()(left + width / 2, e.rank,

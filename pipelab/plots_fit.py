@@ -29,14 +29,16 @@ def fitted_label_class():
         def draw(self, renderer):
             if renderer is None or not self.get_visible():
                 return
-            room = self.box.get_window_extent(renderer)
+            box = self.box
+            (x0, y0), (x1, y1) = self.axes.transData.transform(
+                [(box.get_x(), box.get_y()),
+                 (box.get_x() + box.get_width(), box.get_y() + box.get_height())])
+            room_w, room_h = abs(x1 - x0), abs(y1 - y0)
             pad = renderer.points_to_pixels(self.PAD)
-            props = self.get_fontproperties()
             self.shown = None
             for text in self.candidates:
-                width, height, _ = renderer.get_text_width_height_descent(text, props,
-                                                                           ismath=False)
-                if width + 2 * pad <= room.width and height <= room.height:
+                width, height = self._size(text, renderer)
+                if width + 2 * pad <= room_w and height <= room_h:
                     self.shown = text
                     break
             if self.shown is None:
@@ -44,6 +46,20 @@ def fitted_label_class():
             if self.get_text() != self.shown:
                 self.set_text(self.shown)
             super().draw(renderer)
+
+        _sizes: dict = {}      # (text, font, dpi) -> (width, height) in pixels: a chart
+        #                        repeats a few short labels hundreds of times, on every frame
+
+        def _size(self, text: str, renderer) -> tuple[float, float]:
+            props = self.get_fontproperties()
+            key = (text, hash(props), renderer.dpi)
+            if key not in self._sizes:
+                if len(self._sizes) > 10_000:       # many fonts or dpis: start over
+                    self._sizes.clear()
+                width, height, _ = renderer.get_text_width_height_descent(text, props,
+                                                                           ismath=False)
+                self._sizes[key] = (width, height)
+            return self._sizes[key]
 
     return FittedLabel
 
