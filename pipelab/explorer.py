@@ -5,6 +5,7 @@
 - `player`: play a timeline back (what runs, what flies, what is live at t) — player.py.
 - `predict`: the reader commits to a number before the notebook shows it — predict.py.
 - `live_compare`: run several schedules fairly on one cluster (warm-up, alternating rounds).
+- `refusal` / `expect_refusal`: what a setting is refused for, wrapped between words.
 
 Every control follows ui.py: one per row, 220-px labels, long tracks, outputs of stable height.
 """
