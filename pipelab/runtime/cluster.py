@@ -15,7 +15,7 @@ import atexit
 import time
 import weakref
 
-from ..checks import MAX_LOCAL_RANKS, at_most, positive_int
+from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
 from .board import DONE, RECV, RUN
 from .errors import WorkerError
@@ -38,16 +38,17 @@ def _close_all() -> None:
 class LocalCluster:
     """`ranks` spawned worker processes, one thread each, pinned to cores when `pin`.
 
-    `timeout` is how long (seconds) the pipeline may go with no rank making progress before a run raises
-    `PipelineTimeout`; `run(timeout=...)` overrides it for one run. With `start=False` the
-    workers start at the first run.
+    `timeout` is how long (seconds, at least 1: spec.MIN_TIMEOUT) the pipeline may go with no
+    rank making progress before a run raises `PipelineTimeout`; `run(timeout=...)` overrides it
+    for one run. With `start=False` the workers start at the first run.
     """
 
     def __init__(self, ranks: int, timeout: float = 30.0, pin: bool = True, start: bool = True):
         self.ranks = at_most("ranks", positive_int("ranks", ranks), MAX_LOCAL_RANKS,
                              "each rank is a process of its own")
         self.timeout = check_timeout(timeout)
-        self.pin = pin
+        self.pin = boolean("pin", pin)
+        boolean("start", start)
         self._pool: WorkerPool | None = None
         self.starts = 0                    # how many times workers were (re)started
         self.start_time = 0.0              # seconds the last start took
