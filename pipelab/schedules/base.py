@@ -10,6 +10,7 @@ import io
 import operator
 import re
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Sequence
 
@@ -318,11 +319,11 @@ def _check_size(text: str) -> None:
     three characters and a separator, so short texts are not even counted)."""
     if (len(text) + 1) // 4 <= MAX_TEXT_ACTIONS:
         return
-    cells = sum(1 for _ in _CELL.finditer(text))     # counted, not stored
-    if cells > MAX_TEXT_ACTIONS:
-        raise ValueError(f"the schedule text holds {cells:,} cells (actions), above the limit "
-                         f"of {MAX_TEXT_ACTIONS:,} for a schedule read from text or CSV: build a "
-                         f"schedule that large with pl.schedule(...) or pl.Schedule(actions, ...)")
+    # counted up to one past the limit, not stored
+    if sum(1 for _ in islice(_CELL.finditer(text), MAX_TEXT_ACTIONS + 1)) > MAX_TEXT_ACTIONS:
+        raise ValueError(f"the schedule text holds more than {MAX_TEXT_ACTIONS:,} cells (actions), "
+                         f"the limit for a schedule read from text or CSV: build a schedule "
+                         f"that large with pl.schedule(...) or pl.Schedule(actions, ...)")
 
 
 def _parse_cells(cells: Iterable[str]) -> list[Action]:
