@@ -35,11 +35,10 @@ def replacing(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO]:
     """Open a temporary file beside `path` for writing; on a clean exit it replaces `path`
     (keeping an existing file's permissions), on an exception it is removed and `path` is left
     as it was."""
-    target = Path(path)
-    if target.is_dir():
-        raise IsADirectoryError(f"{target} is a directory")
-    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
-                                    dir=target.resolve().parent)
+    if Path(path).is_dir():
+        raise IsADirectoryError(f"{path} is a directory")
+    target = Path(os.path.realpath(path))     # through a symbolic link: the link stays
+    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(handle, mode, **open_args) as f:
             yield f
@@ -66,6 +65,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 
 def _umask() -> int:
+    # (read by setting it: there is no other portable way; it is restored at once)
     mask = os.umask(0)
     os.umask(mask)
     return mask

@@ -368,12 +368,14 @@ def test_a_csv_write_that_fails_halfway_leaves_the_old_file_whole(tmp_path, monk
     assert os.listdir(tmp_path) == ["s.csv"]
 
 
-def test_an_atomic_write_keeps_the_mode_of_the_file_it_replaces(tmp_path):
-    path = tmp_path / "s.csv"
+def test_an_atomic_write_keeps_the_mode_and_the_link_of_the_file_it_replaces(tmp_path):
+    path, link = tmp_path / "s.csv", tmp_path / "link.csv"
     path.write_text("old")
     path.chmod(0o640)
-    SCHED.to_csv(path)
-    assert path.stat().st_mode & 0o777 == 0o640 and path.read_text() == SCHED.to_csv()
+    link.symlink_to(path)
+    SCHED.to_csv(link)                                     # written through the link
+    assert link.is_symlink() and path.read_text() == SCHED.to_csv()
+    assert path.stat().st_mode & 0o777 == 0o640
 
 
 # --- leftovers in TMPDIR -----------------------------------------------------------------------
