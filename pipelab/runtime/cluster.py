@@ -40,7 +40,9 @@ class LocalCluster:
 
     `timeout` is how long (seconds, at least 1: spec.MIN_TIMEOUT) the pipeline may go with no
     rank making progress before a run raises `PipelineTimeout`; `run(timeout=...)` overrides it
-    for one run. With `start=False` the workers start at the first run.
+    for one run. The clock starts once every process has set up its stages (set-up may take up
+    to watchdog.SETUP_LIMIT, 60 s; a stopped process is named at once). With `start=False` the
+    workers start at the first run.
     """
 
     def __init__(self, ranks: int, timeout: float = 30.0, pin: bool = True, start: bool = True):
