@@ -29,8 +29,11 @@ Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad argumen
 
 
 def _parser():
+    import inspect
     from . import SCHEDULES
 
+    chunked = [name for name, generator in SCHEDULES.items()
+               if "chunks" in inspect.signature(generator).parameters]
     parser = argparse.ArgumentParser(prog="python -m pipelab",
                                      description="pipelab: pipeline parallelism, run for real.")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
@@ -54,7 +57,8 @@ def _parser():
     add("--microbatches", type=int, default=8, metavar="M",
         help="microbatches per training step (default: 8)")
     add("--chunks", type=int, default=None, metavar="V",
-        help="stages per rank, for schedules that take it (interleaved ones; none is registered yet)")
+        help=f"stages per rank, for the schedules that take it: {', '.join(chunked)} (default: "
+             f"the schedule's own, 2)")
     add("--layers", type=int, default=4, metavar="N",
         help="transformer blocks of the toy GPT; the model also has an embedding and a head "
              "(default: 4)")
@@ -72,7 +76,8 @@ def _parser():
     add("--seed", type=int, default=0, help="seed of the batches (default: 0)")
     add("--model-seed", type=int, default=0, help="seed of the weights (default: 0)")
     add("--timeout", type=float, default=30.0, metavar="SEC",
-        help="seconds a rank may make no progress before the run fails (default: 30)")
+        help="seconds the pipeline may make no progress before the run fails (at least 1; "
+             "default: 30)")
     add("--trace", default=None, metavar="PATH",
         help="write the measured timeline as a Chrome trace (open in ui.perfetto.dev)")
     add("--no-pin", action="store_true", help="do not pin workers to cores")
@@ -85,13 +90,12 @@ def _build(args, ranks: int):
     """Schedule, config and checked RunSpec from the arguments (ValueError when bad); `ranks`
     is the pipeline's, the processes are ranks × --data-parallel."""
     import pipelab as pl
+    from .atomic import check_target
     from .runtime.spec import check_timeout, prepare_run
 
     check_timeout(args.timeout)
-    if args.trace:
-        folder = os.path.dirname(os.path.abspath(args.trace))
-        if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
-            raise ValueError(f"--trace {args.trace}: the folder {folder} does not exist or is not writable")
+    if args.trace:                    # before the run, not after it: a file we can write
+        check_target(args.trace, "--trace")
     options = {} if args.chunks is None else {"chunks": args.chunks}
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
@@ -133,6 +137,7 @@ def _local(args, fail) -> int:
 
     ranks = 2 if args.ranks is None else args.ranks
     try:
+        _check_processes(ranks, args.data_parallel)
         sched, cfg, spec = _build(args, ranks)
     except ValueError as err:
         fail(err)
@@ -145,6 +150,17 @@ def _local(args, fail) -> int:
             return 1
     _report(result, args)
     return 0
+
+
+def _check_processes(ranks: int, data_parallel: int) -> None:
+    """The worker processes a local run would start, refused first when there are too many (the
+    schedule, the model and the split are not worth building then)."""
+    from .checks import MAX_LOCAL_RANKS, at_most, positive_int
+    positive_int("ranks", ranks)
+    positive_int("data_parallel", data_parallel)
+    at_most("--ranks × --data-parallel (worker processes)", ranks * data_parallel,
+            MAX_LOCAL_RANKS, "each is a process of its own on this machine; run on several "
+            "machines under torchrun instead")
 
 
 def _torchrun(args, fail) -> int:

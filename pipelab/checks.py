@@ -27,6 +27,34 @@ def positive_number(name: str, value, what: str = "number") -> float:
     return float(value)
 
 
+def positive_ints(name: str, values, example: str = "(2, 4)") -> tuple[int, ...]:
+    """`values` as a tuple if it is a non-empty list, tuple or range of ints >= 1 (a bare int or
+    a string is refused: the parameter is a set of candidates); else ValueError naming `name`."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, (list, tuple, range)):
+        raise ValueError(f"{name} must be a list or tuple of positive integers, e.g. {example}, "
+                         f"got {_short(values)}")
+    if not values:
+        raise ValueError(f"{name} must list at least one value, e.g. {example}, got {values!r}")
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{name} must hold positive integers only, e.g. {example}, got "
+                             f"{_short(value)} in {_short(values)}")
+    return tuple(values)
+
+
+def names(name: str, values, example: str) -> tuple[str, ...]:
+    """`values` as a tuple of strings if it is a non-empty list or tuple of them (one string
+    alone is refused: iterating it would read each letter as a name)."""
+    if isinstance(values, str):
+        raise ValueError(f"{name} must be a list or tuple of names, e.g. {example}, got the "
+                         f"single string {values!r}: write [{values!r}]")
+    if not isinstance(values, (list, tuple)) or not values \
+            or not all(isinstance(v, str) for v in values):
+        raise ValueError(f"{name} must be a non-empty list or tuple of names, e.g. {example}, "
+                         f"got {_short(values)}")
+    return tuple(values)
+
+
 # Sizes beyond which a request is refused up front: far above anything a notebook or a test
 # needs, far below what would exhaust memory or run for minutes before saying anything.
 MAX_RANKS = 8192

@@ -62,6 +62,10 @@ class ModelConfig:
                 f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         from .moe import check_config
         check_config(self)
+        if not self.moe and self.top_k != 1:
+            raise ValueError(f"ModelConfig.top_k={self.top_k!r} needs a mixture of experts: it is "
+                             f"the experts each token goes to, so a dense model (n_experts None "
+                             f"or 0) keeps top_k=1; set n_experts to use it")
 
     @property
     def moe(self) -> bool:
@@ -197,6 +201,8 @@ def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
     """Layer `index` of the flat list (0 = embedding, last = head), deterministically initialised."""
     if not 0 <= index < cfg.total_layers:
         raise ValueError(f"layer index must be in [0, {cfg.total_layers}), got {index}")
+    from .footprint import check_build       # (it reads memory.py, which imports this module)
+    check_build(cfg, index, index + 1)
     if index == 0:
         layer = Embedding(cfg)
     elif index == cfg.total_layers - 1:
@@ -215,6 +221,8 @@ def build_layers(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
     With tie_embeddings, the head shares the embedding's weight when the slice holds both."""
     if not 0 <= start < stop <= cfg.total_layers:
         raise ValueError(f"need 0 <= start < stop <= {cfg.total_layers}, got start={start}, stop={stop}")
+    from .footprint import check_build
+    check_build(cfg, start, stop)            # in microseconds, before the first allocation
     layers = nn.Sequential(*(build_layer(cfg, i) for i in range(start, stop)))
     if cfg.tie_embeddings and start == 0 and stop == cfg.total_layers:
         layers[-1].out.weight = layers[0].tok.weight

@@ -8,6 +8,8 @@ stages per rank simply asks for `stages = ranks * chunks`.
 """
 from __future__ import annotations
 
+import math
+import numbers
 import operator
 import re
 import statistics
@@ -16,7 +18,7 @@ from typing import Sequence
 
 import torch
 
-from .checks import positive_int
+from .checks import at_most, positive_int
 from .model import ModelConfig, build_layer, layer_costs, loss_fn
 from .threads import one_thread
 
@@ -24,6 +26,7 @@ METHODS = ("uniform", "params", "cost")
 _TOKEN = re.compile(r"(E|L|t)(?:\*(\d+))?")
 _SEPARATORS = re.compile(r"[+\s,]*")           # "+", spaces and (as in Megatron) commas are cosmetic
 _LAYOUT_CHARS = set("EtL|*+, \t\n0123456789")
+MAX_SPLIT_WORK = 10**8      # steps of the exact split (~10-20 s of Python at this size)
 
 
 class Partition:
@@ -120,11 +123,18 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
     """Split `cfg`'s layers into `stages` contiguous stages by `method` (or a layout string).
 
     "cost" balances measured `layer_times` (seconds per layer, fwd+bwd) when given, else FLOPs.
-    With a layout, `stages` may be omitted; if given it must match the layout.
+    With every method, `layer_times` also gives each stage's measured load (`.times`,
+    `loads("times")`), so that splits made by other rules can be compared on them.
+    `batch_size` (sequences) scales the FLOP model. With a layout, `stages` may be omitted; if
+    given it must match the layout.
     """
+    if not isinstance(cfg, ModelConfig):
+        raise ValueError(f"cfg must be a pl.ModelConfig (the model to split), got "
+                         f"{type(cfg).__name__}: call pl.partition(cfg, stages, method)")
     n = cfg.total_layers
-    if layer_times is not None and len(layer_times) != n:
-        raise ValueError(f"layer_times has {len(layer_times)} entries but the model has {n} layers")
+    positive_int("batch_size", batch_size)
+    if layer_times is not None:
+        layer_times = _check_layer_times(layer_times, n)
     if method not in METHODS:
         bounds = parse_layout(cfg, method)
         if stages is not None and stages != len(bounds):
@@ -144,6 +154,20 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
         raise ValueError("tie_embeddings with more than one stage is not supported: the embedding "
                          "and the head share a weight but would live on different stages")
     return Partition(cfg, bounds, method, batch_size, layer_times)
+
+
+def _check_layer_times(layer_times, n: int) -> list[float]:
+    """One finite, non-negative number of seconds per layer, or a ValueError saying which is not."""
+    if isinstance(layer_times, (str, bytes)) or not hasattr(layer_times, "__len__"):
+        raise ValueError(f"layer_times must be a list of seconds, one per layer, got "
+                         f"{type(layer_times).__name__}")
+    if len(layer_times) != n:
+        raise ValueError(f"layer_times has {len(layer_times)} entries but the model has {n} layers")
+    for i, t in enumerate(layer_times):
+        if isinstance(t, bool) or not isinstance(t, numbers.Real) or not 0 <= t < math.inf:
+            raise ValueError(f"layer_times must be finite numbers of seconds >= 0, one per "
+                             f"layer; layer {i} has {t!r}")
+    return [float(t) for t in layer_times]
 
 
 def _check_stages(cfg: ModelConfig, stages: int) -> None:
@@ -194,6 +218,8 @@ def balanced_bounds(weights: Sequence[float], stages: int) -> list[tuple[int, in
     n = len(weights)
     if not 1 <= stages <= n:
         raise ValueError(f"need 1 <= stages <= {n} (one layer per stage at least), got {stages}")
+    at_most("stages × layers²", stages * n * n, MAX_SPLIT_WORK,
+            "the exact balanced split takes that many steps: use method='uniform' or a layout")
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)

@@ -30,7 +30,7 @@ from operator import itemgetter
 import numpy as np
 
 from .calibrate import Calibration, calibrate
-from .checks import positive_int
+from .checks import at_most, names, positive_int, positive_ints
 from .memory import action_bytes, static_bytes
 from .model import ModelConfig
 from .parallel import with_data_parallel
@@ -47,6 +47,11 @@ CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with severa
 VOCAB = {"vocab-1", "vocab-2"}            # the vocabulary sharded over the pipeline ranks
 POLICIES = ("none", "selective", "full", "every-k")
 MiB = 2**20
+# The split of each candidate is an exact dynamic program, O(stages × layers²): beyond this
+# many layers (4 × the deepest published transformers) a sweep would run for minutes.
+MAX_PLAN_LAYERS = 512
+MAX_DEVICES = 2**20
+MAX_BATCH = 2**24
 
 
 @dataclass
@@ -176,15 +181,19 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
     predicted and ranked by step time. `batch_size` sequences per step (default 8 per device);
     `microbatches`: the counts to try (default every divisor of a replica's batch);
     `chunks`: stages per rank for the schedules that interleave."""
-    _check(cfg, devices, memory_per_device, schedules, recompute)
-    batch_size = 8 * devices if batch_size is None else positive_int("batch_size", batch_size)
+    schedules, recompute, chunks, microbatches = _check(
+        cfg, devices, memory_per_device, schedules, recompute, chunks, microbatches)
+    batch_size = 8 * devices if batch_size is None else at_most(
+        "batch_size", positive_int("batch_size", batch_size), MAX_BATCH,
+        "the planner tries every divisor of a replica's batch")
     cal = calibration if calibration is not None else calibrate(cfg)
     if cal.cfg != cfg:
         raise ValueError("calibration was measured for another model config: calibrate(cfg) again")
     out = []
     for p, dp, tp, ep in _meshes(cfg, devices, batch_size):
         per_replica = batch_size // dp
-        counts = [m for m in (microbatches or _divisors(per_replica)) if per_replica % m == 0]
+        tried = microbatches if microbatches is not None else _divisors(per_replica)
+        counts = [m for m in tried if per_replica % m == 0]
         for name, m in product(schedules, counts):
             for v in (chunks if name in CHUNKED else (1,)):
                 if p * v > cfg.total_layers or (v > 1 and p == 1):
@@ -205,15 +214,27 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
                     c.reason = "" if c.fits else _why_not(c, memory_per_device)
                     out.append(c)
     if not out:
-        raise ValueError(f"no candidate: with batch_size={batch_size} and devices={devices} "
+        asked = "" if microbatches is None else (
+            f" and microbatches={list(microbatches)} (each must divide a replica's "
+            f"batch_size / data-parallel degree)")
+        raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices}{asked} "
                          f"no schedule of {list(schedules)} can be built")
     return Plan(out, cal, devices, memory_per_device, batch_size)
 
 
-def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:
+def _check(cfg, devices, memory_per_device, schedules, recompute, chunks, microbatches):
+    """The arguments, checked and normalised: (schedules, recompute, chunks, microbatches)."""
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a pl.ModelConfig, got {type(cfg).__name__}")
-    positive_int("devices", devices)
+    at_most("the model's layers (n_layers + 2)", cfg.total_layers, MAX_PLAN_LAYERS,
+            "the planner splits every candidate exactly, in O(stages × layers²)")
+    at_most("devices", positive_int("devices", devices), MAX_DEVICES,
+            "the planner enumerates every divisor of it")
+    schedules = names("schedules", schedules, "['1f1b', 'zb-h1']")
+    recompute = names("recompute", recompute, "['none', 'full']")
+    chunks = positive_ints("chunks", chunks, "(2,) for two stages per rank")
+    if microbatches is not None:       # None: every divisor of a replica's batch
+        microbatches = positive_ints("microbatches", microbatches, "(4, 8)")
     if isinstance(memory_per_device, bool) or not isinstance(memory_per_device, (int, float)) \
             or not memory_per_device > 0:
         raise ValueError(f"memory_per_device must be a number of bytes > 0, got {memory_per_device!r}")
@@ -223,6 +244,7 @@ def _check(cfg, devices, memory_per_device, schedules, recompute) -> None:
     bad = [r for r in recompute if r not in POLICIES]
     if bad:
         raise ValueError(f"recompute: policies must be among {POLICIES}, got {bad}")
+    return schedules, recompute, chunks, microbatches
 
 
 def _meshes(cfg: ModelConfig, devices: int, batch_size: int):

@@ -14,6 +14,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .atomic import replacing
 from .schedules.actions import Action
 from .schedules.kinds import collective_kinds, comm_kinds
 
@@ -352,9 +353,10 @@ class Timeline:
             for t, level in curve:
                 trace.append({"name": f"activations rank {r}", "ph": "C", "pid": 0,
                               "ts": (t - t0) * scale, "args": {self.memory_unit: level}})
-        path = Path(path)
-        path.write_text(json.dumps({"traceEvents": trace}))
-        return path
+        # Written beside the target and renamed over it: a failure leaves the old file whole.
+        with replacing(path) as f:
+            json.dump({"traceEvents": trace}, f)
+        return Path(path)
 
     def plot(self, ax=None, title: str | None = None):
         """Gantt chart: one row per rank, a colour per action kind, microbatch numbers in boxes."""

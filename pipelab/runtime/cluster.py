@@ -15,15 +15,15 @@ import atexit
 import time
 import weakref
 
-from ..checks import MAX_LOCAL_RANKS, at_most, positive_int
+from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
-from .board import DONE, RECV, RUN
+from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC
 from .errors import WorkerError
-from .pool import POLL, WorkerPool
+from .pool import POLL, WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh
-from .watchdog import diagnose
+from .watchdog import diagnose, is_stopped, stalled
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 DEATH_GRACE = 0.5      # seconds to let a killed worker's exit show before blaming a survivor
@@ -38,8 +38,10 @@ def _close_all() -> None:
 class LocalCluster:
     """`ranks` spawned worker processes, one thread each, pinned to cores when `pin`.
 
-    `timeout` is how long (seconds) the pipeline may go with no rank making progress before a run raises
-    `PipelineTimeout`; `run(timeout=...)` overrides it for one run. With `start=False` the
+    `timeout` is how long (seconds, at least 1: spec.MIN_TIMEOUT) the pipeline may go with no
+    rank making progress before a run raises `PipelineTimeout`; `run(timeout=...)` overrides it
+    for one run. The clock starts once every process has set up its stages (set-up may take up
+    to watchdog.SETUP_LIMIT, 60 s; a stopped process is named at once). With `start=False` the
     workers start at the first run.
     """
 
@@ -47,7 +49,8 @@ class LocalCluster:
         self.ranks = at_most("ranks", positive_int("ranks", ranks), MAX_LOCAL_RANKS,
                              "each rank is a process of its own")
         self.timeout = check_timeout(timeout)
-        self.pin = pin
+        self.pin = boolean("pin", pin)
+        boolean("start", start)
         self._pool: WorkerPool | None = None
         self.starts = 0                    # how many times workers were (re)started
         self.start_time = 0.0              # seconds the last start took
@@ -207,15 +210,15 @@ class LocalCluster:
                 self._check_deaths(spec)
                 states = pool.board.read()
                 now = time.perf_counter()
-                # Time out only when no rank has moved for `timeout`: a rank may legitimately
-                # wait a long time for its turn (GPipe's rank 0 waits through fill and drain)
-                # while the rest of the pipeline is busy.
-                active = [s for s in states if s.state != DONE]
-                if active and all(now - s.since > timeout for s in active):
+                # Time out only when no rank has moved for `timeout` (counted after set-up): a
+                # rank may legitimately wait a long time for its turn (GPipe's rank 0 waits
+                # through fill and drain) while the rest of the pipeline is busy.
+                if stalled(states, now, timeout, lambda: _stopped(pool)):
                     plan = plan or comm_plan(spec.schedule)
-                    error = diagnose(states, spec.schedule, plan, timeout, now, sent) \
+                    stopped = _stopped(pool)
+                    error = diagnose(states, spec.schedule, plan, timeout, now, sent, stopped) \
                         if spec.mesh.size == spec.schedule.ranks else \
-                        diagnose_mesh(states, spec, plan, timeout, now)
+                        diagnose_mesh(states, spec, plan, timeout, now, sent, stopped)
                     if error is not None:
                         raise error
         finally:
@@ -224,14 +227,22 @@ class LocalCluster:
         return [reports[r] for r in range(self.ranks)]
 
     def _where(self, rank: int, spec) -> tuple[str, object]:
-        """(" while running 1F2 (training step 0)", Action) for an error message."""
+        """(" while running 1F2 (training step 0)", Action) for an error message: where the
+        process was on the progress board."""
         state = self._pool.board.read()[rank]
         acts = spec.schedule.actions[spec.mesh.coords(rank)[0]]
+        step = f"(training step {state.step})"
+        if state.state in (SENDS, OPTIM):
+            return {SENDS: f" after its last action, waiting for its sends {step}",
+                    OPTIM: f" in the optimizer step {step}"}[state.state], None
         if state.state == DONE or state.position >= len(acts):
             return "", None
         action = acts[state.position]
-        doing = {RUN: "running", RECV: "waiting for the input of"}.get(state.state, "before")
-        return f" while {doing} {action} (training step {state.step})", action
+        doing = {RUN: f"while running {action}",
+                 RECV: f"while waiting for the input of {action}",
+                 SETUP: f"while setting up, before its first action {action}",
+                 SYNC: f"at the barrier that starts the step, before {action}"}
+        return f" {doing.get(state.state, f'before {action}')} {step}", action
 
     def _worker_error(self, rank: int, text: str, spec) -> WorkerError:
         where, action = self._where(rank, spec)
@@ -246,9 +257,9 @@ class LocalCluster:
             self._pool.check_alive()
         except WorkerError as err:
             where, action = self._where(err.rank, spec)
-            who = "" if spec.mesh.size == spec.schedule.ranks else f" ({spec.mesh.name(err.rank)})"
-            raise WorkerError(f"{err}{who}{where}; the other workers were stopped and the next run "
-                              f"starts fresh ones", err.rank, action,
+            raise WorkerError(f"{_who(err.rank, spec)} died: its worker process "
+                              f"{death(err.exitcode)}{where}; the other workers were stopped "
+                              f"and the next run starts fresh ones", err.rank, action,
                               exitcode=err.exitcode) from None
 
 
@@ -259,8 +270,14 @@ def _reap(pool: WorkerPool, grace: float) -> None:
         time.sleep(0.02)
 
 
+def _stopped(pool: WorkerPool) -> frozenset:
+    """The worker processes that are stopped (SIGSTOP, a debugger): watchdog.is_stopped."""
+    return frozenset(r for r, pid in enumerate(pool.pids) if is_stopped(pid))
+
+
 def _who(rank: int, spec) -> str:
-    """"rank 1", or on a mesh "pp 1 / dp 0 (process 1)"."""
+    """"rank 1" (the pipeline rank, which is the process on a plain pipeline), or on a mesh
+    its coordinates and process index, "pp 1 / dp 0 / tp 1 (process 5)"."""
     if spec.mesh.size == spec.schedule.ranks:
         return f"rank {rank}"
     return f"{spec.mesh.name(rank)} (process {rank})"

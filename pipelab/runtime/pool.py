@@ -72,11 +72,11 @@ class WorkerPool:
                     self.cores[rank] = core
                     waiting.discard(rank)
                 elif message[0] == "error":
-                    raise WorkerError(f"rank {rank} failed to start:\n{message[2]}", rank,
+                    raise WorkerError(f"worker process {rank} failed to start:\n{message[2]}", rank,
                                       traceback=message[2])
             self._check_started()
             if time.monotonic() > deadline:
-                raise WorkerError(f"ranks {sorted(waiting)} did not start within "
+                raise WorkerError(f"worker processes {sorted(waiting)} did not start within "
                                   f"{start_timeout:g} s")
 
     def _check_started(self) -> None:
@@ -146,6 +146,11 @@ class WorkerPool:
         rendezvous.remove_dir(getattr(self, "rendezvous", None))
 
 
+def death(code: int) -> str:
+    """How a worker process ended: "was killed by signal 9", "exited with code 1"."""
+    return f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+
+
 def _death(rank: int, code: int) -> str:
-    how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
-    return f"rank {rank} died: the worker process {how}"
+    # The pool knows processes, not their place in a mesh: the cluster names that (cluster._who).
+    return f"worker process {rank} died: it {death(code)}"

@@ -23,15 +23,19 @@ changed, and the rendezvous is bounded in time.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import sys
 import tempfile
 from contextlib import contextmanager
 from datetime import timedelta
 
+PREFIX = "pipelab-rdv-"
+_STALE = re.compile(re.escape(PREFIX) + r"(\d+)-\w+")
 STORE_FILE = "store"
 REPORT_FILE = "startup-error"        # a child that fails before it can use its pipe writes here
 ENV_DIR = "PIPELAB_RENDEZVOUS_DIR"   # set for the children while they are spawned
+INDUCTOR_DIR = "TORCHINDUCTOR_CACHE_DIR"
 
 _PACT = ("import ctypes, os; ctypes.CDLL(None, use_errno=True).prctl(1, 9); "   # 1: PDEATHSIG
          "os.getppid() == {pid} or os._exit(3); ")                                # 9: SIGKILL
@@ -65,21 +69,68 @@ def spawning(directory: str):
     """While workers for the rendezvous in `directory` are spawned: they die with this process
     from their first statement, and find `directory` in their environment (ENV_DIR) to leave a
     reason there if they fail before their pipe works."""
-    old = os.environ.get(ENV_DIR)
+    # torch writes a compile cache (TMPDIR/torchinductor_<user>) the first time anything imports
+    # torch._dynamo, which AdamW's step does: a worker keeps it in the rendezvous directory,
+    # removed with the pool (or by the next start's sweep), unless the user chose a place.
+    names = (ENV_DIR, INDUCTOR_DIR)
+    old = {name: os.environ.get(name) for name in names}
     os.environ[ENV_DIR] = directory
+    os.environ.setdefault(INDUCTOR_DIR, os.path.join(directory, "torchinductor"))
     try:
         with die_with_parent():
             yield
     finally:
-        if old is None:
-            os.environ.pop(ENV_DIR, None)
-        else:
-            os.environ[ENV_DIR] = old
+        for name, value in old.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def make_dir() -> str:
-    """A fresh private directory for one pool's rendezvous file."""
-    return tempfile.mkdtemp(prefix="pipelab-rdv-")
+    """A fresh private directory for one pool's rendezvous file, named after this process
+    (`pipelab-rdv-<pid>-...`) so that a later start can tell it is stale; stale ones are
+    removed first (see `sweep`)."""
+    sweep()
+    return tempfile.mkdtemp(prefix=f"{PREFIX}{os.getpid()}-")
+
+
+def sweep(folder: str | None = None) -> list[str]:
+    """Remove this user's rendezvous directories whose creating process is gone; return them.
+
+    A pool removes its directory when it closes, and at exit; a parent killed outright
+    (SIGKILL, OOM) cannot, and its workers die with it (PR_SET_PDEATHSIG), so nobody is left to
+    clean: the next start does it. The directory also holds the workers' torch compile cache
+    (`spawning`), which therefore goes with it."""
+    folder = folder or tempfile.gettempdir()
+    removed = []
+    try:
+        entries = os.listdir(folder)
+    except OSError:
+        return removed
+    for entry in entries:
+        match = _STALE.fullmatch(entry)
+        path = os.path.join(folder, entry)
+        if match is None or _alive(int(match.group(1))):
+            continue
+        try:
+            if os.stat(path).st_uid != os.getuid():
+                continue                      # another user's: not ours to judge
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:                           # exists, owned by someone else
+        return True
+    return True
 
 
 def remove_dir(path: str | None) -> None:

@@ -58,8 +58,19 @@ class RunSpec:
         return (self.rows_per_microbatch, self.cfg.seq_len, self.cfg.d_model)
 
 
+# The shortest no-progress timeout accepted: on a busy machine a healthy rank can go a good
+# fraction of a second without being scheduled, and a microsecond timeout reported a stall at once.
+MIN_TIMEOUT = 1.0
+
+
 def check_timeout(value) -> float:
-    return positive_number("timeout", value, "number of seconds")
+    """`value` in seconds if it is a finite number >= MIN_TIMEOUT; else ValueError."""
+    timeout = positive_number("timeout", value, "number of seconds")
+    if timeout < MIN_TIMEOUT:
+        raise ValueError(f"timeout={value!r} s is below the minimum of {MIN_TIMEOUT:g} s: a busy "
+                         f"machine can leave a healthy rank unscheduled that long, which would "
+                         f"read as a stall")
+    return timeout
 
 
 def _bounds(cfg: ModelConfig, stages: int, partition,
@@ -85,6 +96,21 @@ def _bounds(cfg: ModelConfig, stages: int, partition,
                          f"into {stages} (ranks × chunks, one per pair of weight replicas); use "
                          f"pl.partition(cfg, stages={stages}, ...)")
     return [tuple(b) for b in parts.bounds], method
+
+
+def _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recompute) -> None:
+    """Refuse a run that cannot fit in this machine's memory (footprint.py), before the split
+    (which lists every layer) or any worker; the arguments checked later are taken as given
+    when they are valid, else at their defaults."""
+    from ..footprint import check_run
+    m = schedule.microbatches
+
+    def valid(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool) and value > 0
+    check_run(cfg, processes=ranks, replicas=dp, microbatches=m,
+              batch_size=batch_size if valid(batch_size) else 2 * m * dp,
+              steps=steps if valid(steps) else 1, check=check is not False,
+              recompute=recompute not in (None, "none"), expert=ep)
 
 
 def _injections(schedule: Schedule, inject,
@@ -165,6 +191,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     if tp > 1:
         from ..parallel.tensor import check_divisible
         check_divisible(cfg.n_heads, cfg.ffn_width, tp)
+    _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recompute)
     bounds, method = _bounds(cfg, schedule.model_slices, partition, sharded)
     # One entry per stage: weight replicas (routes.py) compute the same layers.
     bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]

@@ -10,13 +10,19 @@ import io
 import operator
 import re
 from dataclasses import dataclass, field, replace
+from itertools import islice
 from pathlib import Path
 from typing import Iterable, Sequence
 
+from ..atomic import write_text
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
 from .actions import Action
 
 IDLE_MARKS = {".", "-", "_"}
+# A schedule read from text or CSV: parsing costs ~15 µs and ~400 bytes an action, so 1.5 M
+# actions took 20 s and 600 MB before any check. Far above what anyone writes or exports.
+MAX_TEXT_ACTIONS = 200_000
+_CELL = re.compile(r"[^\s,]+")
 _new = tuple.__new__     # builds an Action without the named tuple's slower constructor
 
 
@@ -173,6 +179,7 @@ class Schedule:
         """
         if not isinstance(text, str):
             raise ValueError(f"text must be a str (one line per rank), got {type(text).__name__}")
+        _check_size(text)
         rows: list[list[Action]] = []
         labels: list[int | None] = []
         routing: dict = {}
@@ -217,7 +224,7 @@ class Schedule:
             writer.writerow([str(a) for a in acts])
         text = buf.getvalue()
         if path is not None:
-            Path(path).write_text(text)
+            write_text(path, text)       # beside the target, then renamed: never half a file
         return text
 
     @classmethod
@@ -230,7 +237,9 @@ class Schedule:
         if not isinstance(path_or_text, (str, Path)):
             raise ValueError(f"from_csv takes a path or the CSV text as a str, got "
                              f"{type(path_or_text).__name__}")
-        rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(_csv_text(path_or_text)))]
+        text = _csv_text(path_or_text)
+        _check_size(text)
+        rows = [_parse_cells(cells) for cells in csv.reader(io.StringIO(text))]
         result = cls._from_rows(rows, placement, microbatches, name)
         if routes is not None or slices is not None:
             result = replace(result, routes=routes, slices=slices)
@@ -256,7 +265,9 @@ class Schedule:
             raise ValueError(
                 f"action {_first(all_actions, lambda a: a.microbatch == top_microbatch)} names "
                 f"microbatch {top_microbatch}, above the limit of {MAX_MICROBATCHES:,}")
-        if placement is None:
+        if placement is not None:
+            _check_placement(placement, rows)
+        else:
             from .kinds import KIND_SPECS
             owner: dict[int, int] = {}
             for rank, row in enumerate(rows):
@@ -301,6 +312,18 @@ def _csv_text(path_or_text: str | Path) -> str:
     except OSError:        # a one-line schedule longer than a file name can be
         pass
     return path_or_text
+
+
+def _check_size(text: str) -> None:
+    """Refuse a text of more than MAX_TEXT_ACTIONS cells before parsing any (a cell is at least
+    three characters and a separator, so short texts are not even counted)."""
+    if (len(text) + 1) // 4 <= MAX_TEXT_ACTIONS:
+        return
+    # counted up to one past the limit, not stored
+    if sum(1 for _ in islice(_CELL.finditer(text), MAX_TEXT_ACTIONS + 1)) > MAX_TEXT_ACTIONS:
+        raise ValueError(f"the schedule text holds more than {MAX_TEXT_ACTIONS:,} cells (actions), "
+                         f"the limit for a schedule read from text or CSV: build a schedule "
+                         f"that large with pl.schedule(...) or pl.Schedule(actions, ...)")
 
 
 def _parse_cells(cells: Iterable[str]) -> list[Action]:
@@ -350,6 +373,26 @@ def _placement(placement, ranks: int) -> list[int]:
     except TypeError:
         raise ValueError(f"placement must be a list of integer ranks, one per stage, got "
                          f"{_clip(repr(placement))}") from None
+
+
+def _check_placement(placement: list[int], rows: list) -> None:
+    """A given placement (argument or header) must name exactly the stages the actions use: a
+    stage without any action would be reported later as a missing forward, a stage beyond it
+    as a bad action. (A stage on the wrong rank is the validator's: it marks it in the grid.)"""
+    from .kinds import KIND_SPECS
+    used = {a.stage for row in rows for item in row for a in item.parts
+            if not KIND_SPECS[a.kind].collective}     # a collective may name any stage
+    if not used:
+        return
+    shown, stages = _clip(",".join(map(str, placement))), max(used) + 1
+    if stages > len(placement):
+        raise ValueError(f"placement {shown} has {len(placement)} stage(s), but the actions use "
+                         f"stage {max(used)}: give one rank per stage ({stages} entries)")
+    idle = [s for s in range(len(placement)) if s not in used]
+    if idle:
+        raise ValueError(f"placement {shown} has {len(placement)} stages, but stage(s) "
+                         f"{_listed(idle)} have no action on any rank: give one rank per stage "
+                         f"the actions use ({stages} entries)")
 
 
 def _listed(values: list, shown: int = 8) -> str:

@@ -20,20 +20,25 @@ def register(name: str) -> Callable:
 
 def schedule(name: str, ranks: int, microbatches: int, **options):
     """Build, validate and return the named schedule."""
+    if not isinstance(name, str):
+        raise ValueError(f"name must be one schedule's name as a str (e.g. '1f1b'), got "
+                         f"{type(name).__name__} {name!r:.60}; registered schedules: "
+                         f"{', '.join(SCHEDULES)}")
     if name not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}; registered schedules: {', '.join(SCHEDULES)}")
     at_most("ranks", positive_int("ranks", ranks), MAX_RANKS)
     at_most("microbatches", positive_int("microbatches", microbatches), MAX_MICROBATCHES)
-    chunks = options.get("chunks", 1)
-    if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 0:
-        at_most("ranks × chunks (stages)", ranks * chunks, MAX_STAGES)
-        # Every stage runs a forward and a backward (up to three actions) per microbatch.
-        at_most("ranks × chunks × microbatches", ranks * chunks * microbatches,
-                MAX_ACTIONS // 3, "the schedule would hold too many actions")
     generator = SCHEDULES[name]
     accepted = set(inspect.signature(generator).parameters) - {"ranks", "microbatches"}
     unknown = set(options) - accepted
     if unknown:
         raise ValueError(f"{name} does not take option(s) {sorted(unknown)}; "
                          f"it takes {sorted(accepted) or 'no options'}")
+    chunks = options.get("chunks", 1)
+    if isinstance(chunks, int) and not isinstance(chunks, bool) and chunks > 0:
+        # (a bad chunks is the generator's to refuse: each says what it takes)
+        at_most("ranks × chunks (stages)", ranks * chunks, MAX_STAGES)
+        # Every stage runs a forward and a backward (up to three actions) per microbatch.
+        at_most("ranks × chunks × microbatches", ranks * chunks * microbatches,
+                MAX_ACTIONS // 3, "the schedule would hold too many actions")
     return generator(ranks=ranks, microbatches=microbatches, **options).validate()
