@@ -2,6 +2,7 @@
 from .model import ModelConfig, ToyGPT, build_layer, build_layers, layer_costs, loss_fn
 from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
                         register, schedule, v_placement)
+from .link import Link
 from .simulate import Costs, simulate
 from .timeline import Event, Timeline
 from . import compare, explorer, plots   # notebook helpers; matplotlib and ipywidgets load lazily
@@ -19,7 +20,7 @@ from .plan import Candidate, Plan, plan
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
     "SCHEDULES", "Action", "Schedule", "ScheduleError", "comm_plan", "loop_placement", "register",
-    "schedule", "v_placement", "Costs", "simulate", "Event", "Timeline",
+    "schedule", "v_placement", "Link", "Costs", "simulate", "Event", "Timeline",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",

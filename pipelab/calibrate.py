@@ -174,7 +174,8 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
                                batch_size=ranks, data_parallel=ranks, check=False, progress=False)
         reduce.append(replicas.reduction_transfer()[0])      # not the wait for the slowest
     cal = replace(cal, latency=min(latency), overhead=min(overhead),
-                  bandwidth=moved / max(min(reduce) - min(latency), 1e-9))
+                  # the ring's 2(n−1) rounds each pay one message latency (allreduce_time)
+                  bandwidth=moved / max(min(reduce) - 2 * (ranks - 1) * min(latency), 1e-9))
     scale = []                                   # each policy's R, measured against the model
     for policy in ("selective", "full", "every-k"):
         res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,

@@ -15,6 +15,7 @@ from .calibrate import Calibration
 from .memory import _blocks, parameter_bytes
 from .model import ModelConfig
 from .recompute import RECOMPUTE
+from .schedules.reductions import allreduce_time
 from .simulate import Costs
 
 if TYPE_CHECKING:
@@ -82,15 +83,14 @@ def _reduced_bytes(c: "Candidate", cfg: ModelConfig, a: int, b: int) -> int:
 
 def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float:
     """Seconds of `rounds` ring all-reduces of `floats` float32 in all over `n` processes."""
-    return rounds * cal.latency + 2 * (n - 1) / n * floats * 4 / cal.bandwidth
+    return rounds * allreduce_time(floats * 4, n, cal.bandwidth, cal.latency)
 
 
 def _vocab_kinds(c: "Candidate", cal: Calibration) -> dict[str, float]:
     """Costs of the vocabulary passes, derived from the calibrated layers (not measured per
     shard): S is the head's forward over 1/p of the vocabulary, T its backward (dW_r, and dX_r
     under vocab-1), Vf and Vb the embedding's forward and backward over 1/p of it plus their
-    collective of one activation; each barrier is its all-reduces (latency each, ring
-    bandwidth): Cs the max, then the sum and target logit (2 floats a token); Ct the
+    collective of one activation; each barrier is its ring all-reduces: Cs the max, then the sum and target logit (2 floats a token); Ct the
     output-layer input gradient (h a token); C the max, then 2 + 2h floats a token."""
     p, head = c.pipeline, cal.cfg.total_layers - 1
     tokens, h = c.rows * cal.cfg.seq_len, cal.cfg.d_model

@@ -15,6 +15,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from .link import Link, check_link
 from .schedules.actions import Action
 from .schedules.gcpause import without_gc
 from .schedules.graph import step_times
@@ -45,8 +46,13 @@ class Costs:
     Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
     `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
     the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
-    2(n−1)/n · bytes / bandwidth + latency; or give `kinds={"AR": ...}` directly. The replica
+    2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The replica
     sum `G` (bidirectional schedules) costs the same over its two copies.
+
+    `link=pl.Link(latency, bandwidth)` (an emulated link, link.py) prices communication the way
+    the runtime's emulation waits: every message crossing ranks adds `link.transfer_time(
+    message_bytes)` to `comm`, and the all-reduces use the link's latency and bandwidth (give
+    one or the other, not both).
 
     `overlap=None` (the default, and what our CPUs do): a compound step (DualPipe's F&B pair)
     costs the sum of its parts. `overlap=x` says what a GPU would do — overlap the two — and
@@ -77,6 +83,8 @@ class Costs:
     tp_allreduce: Cost = 0.0             # T_AR: a tensor-parallel all-reduce, per pass and stage
     tp_overlap: bool = True              # async all-reduces overlap compute where they can
     tp_sends_wait: bool = True           # a braided step's output waits for its last all-reduce
+    link: Link | None = None             # an emulated link: prices messages and all-reduces
+    message_bytes: float = 0.0           # bytes of each message crossing ranks (with `link`)
 
     def __post_init__(self) -> None:
         if self.per not in ("microbatch", "batch"):
@@ -97,6 +105,15 @@ class Costs:
                 raise ValueError(f"Costs.{name} must be True or False, got {getattr(self, name)!r}")
         if not (isinstance(self.bandwidth, numbers.Real) and self.bandwidth > 0):
             raise ValueError(f"Costs.bandwidth must be a number of bytes/s > 0, got {self.bandwidth!r}")
+        self.message_bytes = _checked("message_bytes", self.message_bytes, per_stage=False)
+        if self.link is not None:
+            check_link(self.link)
+            # (dataclasses.replace runs this again: the link's own values are accepted)
+            if (self.bandwidth, self.latency) not in ((math.inf, 0.0),
+                                                      (self.link.bandwidth, self.link.latency)):
+                raise ValueError("Costs: give link=pl.Link(...) or bandwidth/latency, not both "
+                                 "(the link's are the all-reduce's)")
+            self.bandwidth, self.latency = self.link.bandwidth, self.link.latency
         if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
             raise ValueError(f"Costs.replicas must be a whole number >= 1, got {self.replicas!r}")
         for kind, value in self.kinds.items():
@@ -136,6 +153,11 @@ class Costs:
                    B=[b if b is not None else i + w for b, i, w in zip(full, split_in, split_w)]
                    if any(b is not None for b in full) else None,
                    kinds={k: [v or 0.0 for v in per_stage(k)] for k in sorted(others)})
+
+    def message_time(self) -> float:
+        """Seconds added to each input that crosses ranks: `comm`, plus the link's time for a
+        message of `message_bytes` when there is a link."""
+        return self.comm + (self.link.transfer_time(self.message_bytes) if self.link else 0.0)
 
     def of(self, kind: str, stage: int) -> float:
         """The cost of one `kind` action on `stage`."""
@@ -223,15 +245,16 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         costs = replace(costs, replicas=schedule.data_parallel)
     names = list(KIND_SPECS)                # kinds by number, for the bulk (numpy) steps
     plain = _plain_steps(order, names)
+    comm = costs.message_time()
     if costs.tensor_parallel:             # all-reduces in the steps: exposed, hidden or a tail
         took, tails, spans = _tp_timing(costs, order, schedule.microbatches)
-        starts, ends = step_times(order, took, costs.comm,
+        starts, ends = step_times(order, took, comm,
                                   tail=tails if costs.tp_sends_wait else None,
                                   data_edge=lambda step, before: data_edge(schedule, step, before))
     else:
         spans = None
         starts, ends = step_times(order, _durations(costs, order, plain, names,
-                                                    schedule.microbatches), costs.comm)
+                                                    schedule.microbatches), comm)
     if plain is not None:                    # one event per step, built in bulk
         rank, kind, _stage = plain
         events = list(map(_new, repeat(Event), zip(rank.tolist(), order.steps, starts, ends,
@@ -264,7 +287,7 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
                              if costs.per == "batch" else "")
     return Timeline(events, schedule.ranks, source=source, memory=memory,
                     memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
-                    schedule=schedule, comm=costs.comm)
+                    schedule=schedule, comm=comm)
 
 
 def _plain_steps(order, names: list[str]) -> tuple[np.ndarray, ...] | None:

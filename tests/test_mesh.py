@@ -50,10 +50,11 @@ def test_each_stage_reduces_right_after_its_last_backward():
 
 
 def test_ring_all_reduce_cost():
-    assert pl.allreduce_time(1000, 4, bandwidth=100, latency=0.5) == 2 * 3 / 4 * 10 + 0.5
+    # A ring over n=4: 2(n-1) = 6 rounds, each one latency and 1/4 of the 1000 bytes.
+    assert pl.allreduce_time(1000, 4, bandwidth=100, latency=0.5) == 6 * 0.5 + 6 * 250 / 100
     assert pl.allreduce_time(1000, 1, bandwidth=100, latency=0.5) == 0.0
     c = pl.Costs(bandwidth=1000, latency=1, parameter_bytes=[1000, 2000], replicas=2)
-    assert c.of("AR", 0) == 2.0 and c.of("AR", 1) == 3.0
+    assert c.of("AR", 0) == 2 * 1 + 1000 / 1000 and c.of("AR", 1) == 2 * 1 + 2000 / 1000
     assert pl.Costs(parameter_bytes=10).of("AR", 0) == 0.0        # one replica: free
     with pytest.raises(ValueError, match="bandwidth"):
         pl.Costs(bandwidth=0)
@@ -61,9 +62,10 @@ def test_ring_all_reduce_cost():
 
 def test_the_last_stage_reduction_hides_in_the_cool_down_computed_by_hand():
     # 1F1B, p=2, m=2, F=I=W=1 (B=2). Compute: rank 1 ends 1B1 at 7, rank 0 ends 0B1 at 9.
-    # AR costs 2(n-1)/n·bytes/bw + latency with n=2: stage 0 1000/1000+1 = 2, stage 1 3.
+    # AR costs 2(n-1)·latency + 2(n-1)/n·bytes/bw with n=2: stage 0 2·0.5 + 1000/1000 = 2,
+    # stage 1 2·0.5 + 2000/1000 = 3.
     s = pl.with_data_parallel(pl.schedule("1f1b", ranks=2, microbatches=2), 2)
-    tl = pl.simulate(s, pl.Costs(bandwidth=1000, latency=1, parameter_bytes=[1000, 2000]))
+    tl = pl.simulate(s, pl.Costs(bandwidth=1000, latency=0.5, parameter_bytes=[1000, 2000]))
     spans = {str(e.action): (e.start, e.end) for e in tl.events}
     assert spans["1AR"] == (7.0, 10.0) and spans["0AR"] == (9.0, 11.0)
     assert tl.makespan == 11.0 and tl.compute_end() == 9.0

@@ -8,7 +8,7 @@ their cool-down — the overlap Megatron and DeepSpeed get by bucketing gradient
 
 `AR` is registered once: ordering edges (carries=False) to every backward and W of its stage,
 no microbatch, the communication lane (the rank's compute does not wait for it), and a cost
-rule, the ring all-reduce 2(n−1)/n · bytes / bandwidth + latency, read from the cost model.
+rule, the ring all-reduce 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth, read from the cost model.
 """
 from __future__ import annotations
 

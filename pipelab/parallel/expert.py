@@ -22,7 +22,9 @@ exactly those of the single-process model on the whole batch.
 All replicas run the same schedule, so they reach each MoE layer of each microbatch together —
 the all-to-all is a collective inside F and B. Each one is timed and shown on the rank's
 communication lane (kinds `Ed` dispatch and `Ec` combine); a process waiting in one marks the
-progress board, so a stuck all-to-all times out naming the process that never came.
+progress board, so a stuck all-to-all times out naming the process that never came. Under an
+emulated link (runtime/link.py) each all-to-all completes no earlier than (n−1)·α +
+(n−1)/n · bytes/β after the last process posted it, bytes being what this process sends.
 """
 from __future__ import annotations
 
@@ -51,17 +53,29 @@ class GroupExchange:
     `local` consecutive experts. `on_wait(detail)` marks the progress board around each
     blocking all-to-all (detail IN_ALL_TO_ALL inside it, 0 after)."""
 
-    def __init__(self, group, index: int, size: int, local: int, on_wait=None):
+    def __init__(self, group, index: int, size: int, local: int, on_wait=None, link=None):
         self.group, self.index, self.size, self.local = group, index, size, local
         self.on_wait = on_wait or (lambda detail: None)
+        self.link = link
 
     def all_to_all(self, out, rows, recv, send, kind: str, layer: int) -> None:
         self.on_wait(IN_ALL_TO_ALL)
         start = time.perf_counter()
-        dist.all_to_all_single(out, rows.contiguous(), recv, send, group=self.group)
+        rows = rows.contiguous()
+        nbytes = rows.numel() * rows.element_size()
+        if self.link is None:
+            dist.all_to_all_single(out, rows, recv, send, group=self.group)
+        else:
+            from ..runtime.link import collective
+            seconds = self.link.all_to_all_time(nbytes, self.size)
+            collective(lambda: dist.all_to_all_single(out, rows, recv, send, group=self.group,
+                                                      async_op=True),
+                       self.group, seconds, self.link).wait()
+            if moe.LOG is not None:      # what the simulator charges the pass it ran in
+                moe.LOG.append(("link", start, seconds))
         if moe.LOG is not None and kind:
             moe.LOG.append(("a2a", start, time.perf_counter(), kind, layer,
-                            rows.numel() * rows.element_size()))
+                            nbytes))
         self.on_wait(0)
 
     def dispatch(self, counts: torch.Tensor, rows: torch.Tensor, layer: int):
@@ -96,7 +110,7 @@ class _AllToAll(torch.autograd.Function):
         return out, None, None, None, None, None
 
 
-def place_experts(modules, group, index: int, size: int, on_wait=None) -> None:
+def place_experts(modules, group, index: int, size: int, on_wait=None, link=None) -> None:
     """Keep only process `index`'s share of every MoE layer's experts in `modules` and route
     through `group`; the kept experts' parameters are marked `expert_shard` (not all-reduced)."""
     for module in modules:
@@ -109,7 +123,7 @@ def place_experts(modules, group, index: int, size: int, on_wait=None) -> None:
                 del layer.experts[name]
             for p in layer.experts.parameters():
                 p.expert_shard = True
-            layer.exchange = GroupExchange(group, index, size, local, on_wait)
+            layer.exchange = GroupExchange(group, index, size, local, on_wait, link)
 
 
 def check_expert_parallel(cfg, expert_parallel: int, data_parallel: int) -> int:
@@ -131,22 +145,26 @@ def check_expert_parallel(cfg, expert_parallel: int, data_parallel: int) -> int:
 
 
 # --- on each process, after a step: the layers' records as timeline events and counts --------
-def step_records(records: list, actions: list) -> tuple[list, list]:
-    """Split a step's moe.LOG records into (events, routing): each all-to-all becomes an event
-    (its action, start, end, cpu=None) of kind Ed/Ec for the stage and microbatch of the action
-    it ran inside; each routing record becomes (microbatch, layer, routed, dropped)."""
+def step_records(records: list, actions: list) -> tuple[list, list, dict]:
+    """Split a step's moe.LOG records into (events, routing, link): each all-to-all becomes an
+    event (its action, start, end, cpu=None) of kind Ed/Ec for the stage and microbatch of the
+    action it ran inside; each routing record becomes (microbatch, layer, routed, dropped);
+    under an emulated link, `link[action]` sums the link's time for the all-to-alls (split
+    sizes included) that ran inside that action."""
     spans = [(start, end, item) for _i, item, _w, start, end, _c, _m in actions]
-    events, routing = [], []
+    events, routing, link = [], [], {}
     for rec in records:
         t = rec[1]
         inside = next((item for start, end, item in spans if start <= t <= end), None)
         if inside is None:
             continue
         part = inside.parts[0]
-        if rec[0] == "a2a":
+        if rec[0] == "link":
+            link[part] = link.get(part, 0.0) + rec[2]
+        elif rec[0] == "a2a":
             _tag, start, end, kind, _layer, _nbytes = rec
             events.append((Action(part.stage, kind, part.microbatch), start, end, None))
         elif rec[0] == "route" and part.kind == "F":
             _tag, _t, layer, routed, dropped = rec
             routing.append((part.microbatch, layer, routed, dropped))
-    return events, routing
+    return events, routing, link

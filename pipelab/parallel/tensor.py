@@ -17,7 +17,9 @@ LayerNorms, the embedding and the head are replicated (every process computes th
 
 The shards are `weight_grad.Linear`s, so the deferred weight gradient (I now, W later) works as
 on the unsplit model. Every all-reduce is timed into `TensorParallel.log`; the runtime turns
-the log into `Tp` events on the rank's communication lane, so the TP bubble shows.
+the log into `Tp` events on the rank's communication lane, so the TP bubble shows. Under an
+emulated link (runtime/link.py) each all-reduce completes no earlier than the ring time,
+2(t−1)·α + 2(t−1)/t · bytes/β, after the last shard posted it.
 """
 from __future__ import annotations
 
@@ -37,8 +39,8 @@ from ..weight_grad import Linear
 class TensorParallel:
     """This process's place in its tensor-parallel group, and a log of its all-reduces."""
 
-    def __init__(self, size: int = 1, rank: int = 0, group=None):
-        self.size, self.rank, self.group = size, rank, group
+    def __init__(self, size: int = 1, rank: int = 0, group=None, link=None):
+        self.size, self.rank, self.group, self.link = size, rank, group, link
         self.log: list[tuple[float, float, str]] = []    # (start, end, "forward"/"backward")
         self.handles: list = []      # all-reduces launched asynchronously, not yet waited for
 
@@ -48,9 +50,15 @@ class TensorParallel:
         if self.size == 1:
             return _Done() if async_op else None
         import torch.distributed as dist
+        from ..runtime.link import collective
         start = time.perf_counter()
-        handle = dist.all_reduce(tensor, group=self.group, async_op=async_op)
+        link = self.link
+        seconds = link.allreduce_time(tensor.numel() * tensor.element_size(), self.size) \
+            if link is not None else 0.0
+        handle = collective(lambda: dist.all_reduce(tensor, group=self.group, async_op=True),
+                            self.group, seconds, link)
         if not async_op:
+            handle.wait()
             self.log.append((start, time.perf_counter(), what))
             return None
         return _Pending(self, handle, start, what)

@@ -112,7 +112,7 @@ class LocalCluster:
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
             data_parallel: int = 1, tensor_parallel: int = 1, recompute=None,
-            expert_parallel: int = 1,
+            expert_parallel: int = 1, link=None,
             _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
@@ -134,6 +134,10 @@ class LocalCluster:
             activations and input gradients with all-reduces (`Tp` events on the timeline).
         expert_parallel: divide each MoE layer's experts over the data-parallel group (a mesh
             of pipeline ranks × expert_parallel processes; parallel/expert.py).
+        link: a pl.Link(latency=seconds, bandwidth=bytes_per_s): every message completes no
+            earlier than latency + bytes / bandwidth after it was posted, every all-reduce by
+            the ring formula, every all-to-all likewise; the ranks sleep through the wait (no
+            core is used, no CPU time charged), and `res.simulated` prices the same link.
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         """
@@ -142,7 +146,7 @@ class LocalCluster:
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
                            tensor_parallel=tensor_parallel, recompute=recompute,
-                           expert_parallel=expert_parallel)
+                           expert_parallel=expert_parallel, link=link)
         self.start()
         began = time.perf_counter()
         try:

@@ -7,6 +7,9 @@ computing — another stage's backwards, on an interleaved schedule — while gl
 own thread; the executor notes when it completes (checking between actions, so a measured end
 is rounded up to the end of the action it overlapped), and waits for every reduction at the end
 of the training step, before the optimizer reads the gradients.
+
+Under an emulated link (runtime/link.py) a reduction completes no earlier than its ring time,
+2(n−1)·α + 2(n−1)/n · bytes/β, after its last member launched it.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from ..schedules import Action
 from ..schedules.graph import members_of
 from ..schedules.reductions import REPLICA_SUM
 from .handlers import register_handler
+from .link import collective
 from .plugins import process_group
 from .stage import StepState
 
@@ -24,12 +28,14 @@ from .stage import StepState
 class Reduction:
     """One launched all-reduce: its handle, the flat buffer, and where the sums go back."""
 
-    def __init__(self, action: Action, params: list, group):
+    def __init__(self, action: Action, params: list, group, members: int, link=None):
         self.action = action
         self.params = params
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
         self.buffer = torch.cat([g.reshape(-1) for g in grads]) if grads else torch.zeros(0)
-        self.handle = dist.all_reduce(self.buffer, group=group, async_op=True)
+        seconds = link.allreduce_time(self.nbytes, members) if link is not None else 0.0
+        self.handle = collective(lambda: dist.all_reduce(self.buffer, group=group, async_op=True),
+                                 group, seconds, link)
         self.finished: float | None = None     # perf_counter() when seen complete
         self.entry: int | None = None          # index of its step in the executor's record
 
@@ -65,7 +71,7 @@ def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None
     # their gradients are already the whole batch's, and are not summed.
     params = [p for p in state.module(action.stage).parameters()
               if not getattr(p, "expert_shard", False)]
-    state.in_flight.append(Reduction(action, params, state.dp_group))
+    state.in_flight.append(Reduction(action, params, state.dp_group, state.replicas, state.link))
     return None
 
 
@@ -77,6 +83,7 @@ def sum_replica_gradients(state: StepState, action: Action, inputs: dict) -> Non
     part = sched.slice_of(action.stage)
     params = [p for stage, module in state.stages.modules.items()
               if sched.slice_of(stage) == part for p in module.parameters()]
-    group = process_group(members_of(sched, action))
-    state.in_flight.append(Reduction(action, params, group))
+    members = members_of(sched, action)
+    state.in_flight.append(Reduction(action, params, process_group(members), len(members),
+                                     state.link))
     return None

@@ -6,7 +6,9 @@ receives what the step waits for, hands each action its inputs (from messages, o
 on this rank), runs the action's handler, and posts the sends. It records, per step, the
 wall-clock span of its compute (receive wait excluded, kept separately; the span ends before
 the sends are posted, whose posting is kept separately too), thread CPU time (sends included)
-and live activation bytes after it. The same function runs in a LocalCluster worker and under
+and live activation bytes after it. Under an emulated link (spec.link) the receive waits and
+the collectives sleep until the link's deadline (runtime/link.py): never inside an action's
+CPU time, and without taking a core from the other ranks. The same function runs in a LocalCluster worker and under
 torchrun.
 """
 from __future__ import annotations
@@ -62,14 +64,14 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     if mesh.dp > 1 or mesh.tp > 1:
         for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
             process_group(members)
-    tp = TensorParallel(mesh.tp, shard, process_group(mesh.tp_group(pp, replica))) \
+    tp = TensorParallel(mesh.tp, shard, process_group(mesh.tp_group(pp, replica)), spec.link) \
         if mesh.tp > 1 else None
     stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), tp)
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     if spec.expert_parallel > 1:                 # this replica keeps its share of the experts
         from ..parallel.expert import place_experts
         place_experts(stages.modules.values(), process_group(mesh.dp_group(pp)), replica,
-                      spec.expert_parallel, lambda detail: board.mark(rank, detail))
+                      spec.expert_parallel, lambda detail: board.mark(rank, detail), spec.link)
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
@@ -78,7 +80,11 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
     report = {"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
               "steps": [], "grads": None,
-              "parameter_bytes": sum(p.numel() * p.element_size() for p in params)}
+              "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+              # what each stage's gradient all-reduce (AR, G) moves: experts stay unsummed
+              "reduced_bytes": {s: sum(p.numel() * p.element_size() for p in module.parameters()
+                                       if not getattr(p, "expert_shard", False))
+                                for s, module in stages.modules.items()}}
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
         inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator,
@@ -89,6 +95,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state = StepState(sched, stages, inputs, targets, meter)
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp, shard)) if mesh.dp > 1 else None
+        state.link = spec.link             # an emulated link the reductions wait out (or None)
         state.versions = weight_versions(spec, stages, meter)
         if spec.recompute:
             state.recompute = recompute.Recomputer(
@@ -102,7 +109,8 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         if records:
             from ..parallel.expert import step_records
             step = report["steps"][-1]
-            step["events"], step["routing"] = step_records(records, step["actions"])
+            step["events"], step["routing"], step["link_waits"] = step_records(records,
+                                                                                step["actions"])
         if state.versions is not None:       # updates inside the schedule: what they made
             report["versions"] = state.versions.report()
         elif k == 0 and spec.check and replica == 0:  # the replicas' summed gradients are equal
@@ -222,7 +230,8 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
     begin = clock()
     memory = [(begin, state.meter.live)]
     arrived: dict = {}
-    posted = _post(plan[0], wiring[0]) if plan else []
+    link = spec.link
+    posted = _post(plan[0], wiring[0], link) if plan else []
     for i, step in enumerate(plan):
         item = step.action
         waited_from = clock()
@@ -233,7 +242,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             arrived[(transfer.consumer, transfer.name)] = buffer
             recvs.append((transfer.producer, item, transfer.src, t, clock()))
         # Post the next step's receives before computing: never blocks, hides the transfer.
-        posted = _post(plan[i + 1], wiring[i + 1]) if i + 1 < len(plan) else []
+        posted = _post(plan[i + 1], wiring[i + 1], link) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         meter.reset_peak()             # this action's own peak, whatever it frees by its end
         cpu0, start = cpu_clock(), clock()
@@ -254,7 +263,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             if part != drop:
                 for transfer in step.send:
                     if transfer.producer == part:
-                        p2p.send(transfer, out, pending)
+                        p2p.send(transfer, out, pending, link)
                         state.meter.hold_send(out.numel() * out.element_size())
                         sends.append((part, item, transfer.dst, end, clock()))
         if item == lag:                # test hook: the sender preempted once its sends are out
@@ -338,6 +347,6 @@ def _finished(red, actions, clock) -> None:
     actions[red.entry] = (i, item, waited, start, red.finished, red.finished - start, live)
 
 
-def _post(step, wires) -> list:
+def _post(step, wires, link=None) -> list:
     shapes = wires[0]
-    return [p2p.post_recv(t, shape, dtype) for t, (shape, dtype) in zip(step.recv, shapes)]
+    return [p2p.post_recv(t, shape, dtype, link) for t, (shape, dtype) in zip(step.recv, shapes)]

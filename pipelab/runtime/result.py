@@ -85,7 +85,7 @@ class RunResult:
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
         """The simulator's prediction for this run: each compute kind at its measured median
         (as `simulated`), each gradient all-reduce costed by the ring formula over the run's
-        replicas, 2(n−1)/n · parameter bytes / `bandwidth` + `latency`, on its lane."""
+        replicas, 2(n−1)·`latency` + 2(n−1)/n · parameter bytes / `bandwidth`, on its lane."""
         from dataclasses import replace
         fitted = Costs.fit(self.timeline, self.schedule.stages, self.comm_latency)
         # the measured all-reduce is dropped from the fit: the ring formula costs it instead
@@ -100,7 +100,7 @@ class RunResult:
     def reduction_transfer(self) -> dict[int, float]:
         """Per stage, the all-reduce's own time: from the moment the *last* replica launched it
         (before that, the others only wait for it) to completion, the median over replicas. This
-        is what the ring formula 2(n−1)/n · bytes / bandwidth + latency predicts; the spans in
+        is what the ring formula 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth predicts; the spans in
         `reduction_times()` also hold the wait for the slowest replica."""
         out = {}
         for stage in range(self.schedule.stages):
@@ -285,6 +285,44 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
     return statistics.median(shares) if shares else None
 
 
+def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
+    """The fitted compute costs with the communication priced by the run's link, as the
+    runtime waited it out: each message crossing ranks α + bytes/β (the stage boundary's
+    activation), each gradient all-reduce or replica sum the ring formula over the bytes the
+    workers reduced, and under tensor parallelism each forward and input-gradient pass its
+    2 all-reduces per block of one activation (T_AR); an expert all-to-all inside a pass adds
+    its link time to the pass (the median over its microbatches). The measured spans of those
+    collectives are dropped from the table: the formula prices them instead. `reports`: one
+    process per pipeline rank (replica 0, shard 0)."""
+    from dataclasses import replace
+    from ..memory import _blocks
+    from ..schedules.reductions import REPLICA_SUM
+    link, mesh = spec.link, spec.mesh
+    priced = (REDUCE, REPLICA_SUM, TP_REDUCE)          # the formula prices these
+    message = 4 * spec.rows_per_microbatch * spec.cfg.seq_len * spec.cfg.d_model   # float32
+    reduced: dict[int, int] = {}
+    inside: dict[tuple[str, int], list[float]] = {}     # (kind, stage) -> all-to-all seconds
+    for rep in reports:
+        reduced.update(rep["reduced_bytes"])
+        for part, seconds in rep["steps"][-1].get("link_waits", {}).items():
+            inside.setdefault((part.kind, part.stage), []).append(seconds)
+    stages = spec.schedule.stages
+    passes = {}
+    for kind in sorted({kind for kind, _s in inside}):
+        extra = [statistics.median(inside.get((kind, s), [0.0])) for s in range(stages)]
+        table = getattr(fitted, kind) if kind in ("F", "I", "W", "B") else fitted.kinds[kind]
+        table = table if isinstance(table, list) else [table] * stages
+        passes[kind] = [t + x for t, x in zip(table, extra)]
+    kinds = {k: v for k, v in fitted.kinds.items() if k not in priced}
+    kinds.update({k: v for k, v in passes.items() if k not in ("F", "I", "W", "B")})
+    fitted = replace(fitted, **{k: v for k, v in passes.items() if k in ("F", "I", "W", "B")})
+    tp_allreduce = [2 * _blocks(spec.cfg, a, b) * link.allreduce_time(message, mesh.tp)
+                    for a, b in spec.bounds] if mesh.tp > 1 else 0.0
+    return replace(fitted, comm=0.0, link=link, message_bytes=float(message),
+                   kinds=kinds, parameter_bytes=[float(reduced.get(s, 0)) for s in range(stages)],
+                   tp_allreduce=tp_allreduce)
+
+
 def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
     """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error
     (over every copy of a parameter: `grads[name]` is a tensor, or a list of the copies that
@@ -348,7 +386,10 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     i_frees = _i_frees(reports, last)
     replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed",
                       i_frees=0.0 if i_frees is None else i_frees)
-    modelled = simulate(sched, Costs.fit(timelines[-1], sched.stages, comm), source="simulated",
+    fitted = Costs.fit(timelines[-1], sched.stages, comm)
+    if spec.link is not None:
+        fitted = _on_link(spec, fitted, reports)
+    modelled = simulate(sched, fitted, source="simulated",
                         i_frees=0.0 if i_frees is None else i_frees)
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field, replace
 
 from ..checks import boolean, positive_int, positive_number, seed as check_seed
 from ..data import VOCAB_SIZE
+from ..link import Link, check_link
 from ..model import ModelConfig
 from ..partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
@@ -39,6 +40,7 @@ class RunSpec:
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
     tensor_parallel: int = 1             # shards of each pipeline rank (parallel/tensor.py)
     expert_parallel: int = 1             # the dp group divides each MoE layer's experts
+    link: Link | None = None             # an emulated link every transfer waits out (link.py)
 
     @property
     def mesh(self):
@@ -108,19 +110,21 @@ def _injections(schedule: Schedule, inject,
 def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int = 0,
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
-                recompute=None, tensor_parallel: int = 1, expert_parallel: int = 1) -> RunSpec:
+                recompute=None, tensor_parallel: int = 1, expert_parallel: int = 1,
+                link=None) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
     replicas × `tensor_parallel` shards. With data_parallel > 1 each stage's gradient
     all-reduce is inserted into the schedule (`with_data_parallel`) unless it already has them.
     `expert_parallel` divides the experts over the data-parallel group (data_parallel becomes
-    expert_parallel)."""
+    expert_parallel). `link` (a pl.Link) makes every message and collective wait as on it."""
     from ..parallel.data_parallel import has_reductions, with_data_parallel
     from ..parallel.expert import check_expert_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
+    link = check_link(link)
     dp = positive_int("data_parallel", data_parallel)
     tp = positive_int("tensor_parallel", tensor_parallel)
     ep = positive_int("expert_parallel", expert_parallel)
@@ -174,6 +178,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
                          "a sharded vocabulary, optimizer updates (U) inside the schedule or a "
                          "mixture-of-experts model (n_experts): run one or the other")
+    if link is not None:
+        _check_link_kinds(schedule)
     plugins = plugins_for(schedule)
     m = schedule.microbatches
     batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
@@ -192,5 +198,19 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica, policies, tp, ep)
+                   method, injections, plugins, dp, replica, policies, tp, ep, link)
+
+
+def _check_link_kinds(schedule: Schedule) -> None:
+    """ValueError if the schedule has collectives the link cannot hold: the runtime emulates
+    messages, gradient all-reduces and sums (AR, G), tensor-parallel all-reduces and expert
+    all-to-alls; a collective kind's own handler (vocabulary passes, a plugin's) talks to
+    torch.distributed directly, and would silently run at loopback speed."""
+    from ..schedules.reductions import REPLICA_SUM
+    other = sorted(kind for kind in schedule.kinds()
+                   if KIND_SPECS[kind].collective and kind != REPLICA_SUM)
+    if other:
+        raise ValueError(f"link=... is not supported yet with the collective kinds "
+                         f"{', '.join(other)} of schedule {schedule.name!r} (their handlers "
+                         f"call torch.distributed themselves): run it without a link")
 

@@ -20,11 +20,13 @@ REPLICA_SUM = "G"      # the kind's name: the validator and the runtime look for
 
 
 def allreduce_time(nbytes: float, replicas: int, bandwidth: float, latency: float = 0.0) -> float:
-    """Ring all-reduce of `nbytes` over `replicas` processes: 2(n−1)/n · bytes / bandwidth +
-    latency (every process sends and receives 2(n−1)/n of the buffer; nothing to do for n=1)."""
+    """Ring all-reduce of `nbytes` over `replicas` processes: 2(n−1)·latency + 2(n−1)/n · bytes /
+    bandwidth. A reduce-scatter then an all-gather, n−1 rounds each: every round costs one
+    message latency and moves 1/n of the buffer (nothing to do for n=1)."""
     if replicas <= 1:
         return 0.0
-    return 2.0 * (replicas - 1) / replicas * nbytes / bandwidth + latency
+    rounds = 2 * (replicas - 1)
+    return rounds * latency + rounds / replicas * nbytes / bandwidth
 
 
 def gradient_inputs(schedule, stages) -> list[Input]:
