@@ -1,4 +1,4 @@
-"""Pictures and comparisons for the tensor-parallel chapter (notebook 09, part 2)."""
+"""Pictures and comparisons for the tensor-parallel chapter (notebook 09b)."""
 from __future__ import annotations
 
 import numpy as np
