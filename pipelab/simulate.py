@@ -46,8 +46,8 @@ class Costs:
     Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
     `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
     the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
-    2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The replica
-    sum `G` (bidirectional schedules) costs the same over its two copies.
+    2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The
+    replica sum `G` (bidirectional schedules) costs the same over its two copies.
 
     `link=pl.Link(latency, bandwidth)` (an emulated link, link.py) prices communication the way
     the runtime's emulation waits: every message crossing ranks adds `link.transfer_time(

@@ -7,9 +7,9 @@ on this rank), runs the action's handler, and posts the sends. It records, per s
 wall-clock span of its compute (receive wait excluded, kept separately; the span ends before
 the sends are posted, whose posting is kept separately too), thread CPU time (sends included)
 and live activation bytes after it. Under an emulated link (spec.link) the receive waits and
-the collectives sleep until the link's deadline (runtime/link.py): never inside an action's
-CPU time, and without taking a core from the other ranks. The same function runs in a LocalCluster worker and under
-torchrun.
+the collectives sleep until the link's deadline (runtime/link.py): never counted as an
+action's CPU time, and without taking a core from the other ranks. The same function runs in a
+LocalCluster worker and under torchrun.
 """
 from __future__ import annotations
 

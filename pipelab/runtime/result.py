@@ -100,8 +100,8 @@ class RunResult:
     def reduction_transfer(self) -> dict[int, float]:
         """Per stage, the all-reduce's own time: from the moment the *last* replica launched it
         (before that, the others only wait for it) to completion, the median over replicas. This
-        is what the ring formula 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth predicts; the spans in
-        `reduction_times()` also hold the wait for the slowest replica."""
+        is what the ring formula 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth predicts; the
+        spans in `reduction_times()` also hold the wait for the slowest replica."""
         out = {}
         for stage in range(self.schedule.stages):
             events = [e for (pp, _dp), tl in self.process_timelines.items()
