@@ -1,6 +1,7 @@
 """STP against 1F1B-I and ZB-V on 2 pipeline ranks × 2 tensor-parallel shards, and beyond.
 
     python benchmarks/stp.py [--quick] [--d-model 64] [--layers 4] [--steps 3] [--grids 2,4,8]
+                             [--link-fraction 0.5]
 
 Part 1 runs each schedule live on a LocalCluster of 4 processes (`tensor_parallel=2`) and
 prints the measured step time (median over steps after the first), the replay (the schedule
@@ -9,6 +10,18 @@ takes unit costs measured in the ZB-V run, whose F, I and W all run alone — T_
 chunk (a pass's span less the tensor-parallel all-reduces it waited for) and T_AR (the
 all-reduces of one pass, summed) — and simulates the three schedules on larger grids (p ranks,
 m = 3p), with the measured T_AR and with T_AR at a few fractions of T_F.
+
+Part 3 is the race on an emulated link (`pl.Link`): its latency is chosen so that one pass's
+tensor-parallel all-reduces (T_AR, two ring all-reduces of one activation per block) take
+`--link-fraction` of the forward measured in Part 1 (at least a quarter, the regime where STP's
+braiding matters), and the three schedules run live on it. The ranks sleep through the link's
+waits, so communication shows on two cores as on a cluster: measured, replayed (each action's
+CPU time, communication priced by the link) and simulated (median costs, the same link)
+makespans side by side, and whether the measured order is the simulated race's; where it is
+not, each pair that swapped places with its gaps (simulated, measured, replayed) and the spread
+of its measured steps. On a toy model the link's latency is a fraction of a millisecond, which
+a loaded machine's scheduling delays match: `--d-model 256 --link-fraction 1` lets the link
+dominate them.
 
 1F1B-I is the paper's interleaved 1F1B (2 chunks per rank, `interleaved-1f1b`).
 """
@@ -20,6 +33,7 @@ import statistics
 
 import pipelab as pl
 from pipelab.bench.load import load_average
+from pipelab.memory import _blocks
 from pipelab.parallel import tensor_view
 
 LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
@@ -53,6 +67,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--microbatches", type=int, default=6)
     ap.add_argument("--grids", default="2,4,8")
+    ap.add_argument("--link-fraction", type=float, default=0.5,
+                    help="T_AR of the emulated link as a share of T_F (>= 0.25)")
     args = ap.parse_args()
     if args.quick:
         args.d_model, args.steps, args.grids = 32, 2, "2,4"
@@ -86,6 +102,69 @@ def main() -> None:
             gain = min(spans["ZB-V"], spans["1F1B-I"]) / spans["STP"] - 1
             print(f"{label:>14}{p:3}{3 * p:4}" + "".join(f"{spans[k] * 1e3:12.1f}" for k in LIVE)
                   + f"{gain:11.1%}")
+    link_race(cfg, args, costs.F)
+
+
+def link_for(cfg: pl.ModelConfig, args, t_f: float,
+             bandwidth: float = 1e9) -> tuple[pl.Link, float]:
+    """The link whose T_AR (per pass: 2 ring all-reduces of one activation per block, over
+    the 2 shards) is `args.link_fraction` × `t_f` on a stage of the median block count; and
+    that T_AR."""
+    sched = pl.schedule("zb-v", ranks=2, microbatches=args.microbatches)
+    bounds = pl.partition(cfg, stages=sched.stages).bounds
+    blocks = statistics.median(_blocks(cfg, a, b) for a, b in bounds) or 1
+    rows = 2                           # the runs' default batch: 2 rows per microbatch
+    nbytes = 4 * rows * cfg.seq_len * cfg.d_model
+    per_all_reduce = args.link_fraction * t_f / (2 * blocks)
+    # a ring of 2: 2 rounds, each one latency and half the bytes
+    link = pl.Link(latency=max(0.0, (per_all_reduce - nbytes / bandwidth) / 2),
+                   bandwidth=bandwidth)
+    return link, 2 * blocks * link.allreduce_time(nbytes, 2)
+
+
+def link_race(cfg: pl.ModelConfig, args, t_f: float) -> None:
+    """Part 3: the three schedules live on an emulated link (module docstring)."""
+    if args.link_fraction < 0.25:
+        raise SystemExit("--link-fraction must be at least 0.25 (a quarter of a forward)")
+    link, t_ar = link_for(cfg, args, t_f)
+    print(f"\nPart 3: the race on an emulated {link} (T_AR {t_ar * 1e3:.2f} ms per pass = "
+          f"{t_ar / t_f:.2f} × T_F {t_f * 1e3:.2f} ms); {load_average(1)} load average at start")
+    runs = {}
+    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
+        for label, name in LIVE.items():
+            s = pl.schedule(name, ranks=2, microbatches=args.microbatches)
+            runs[label] = cluster.run(s, model=cfg, tensor_parallel=2, steps=args.steps,
+                                      link=link, progress=False)
+    print(f"{'schedule':8}{'measured ms':>13}{'replayed ms':>13}{'simulated ms':>14}"
+          f"{'max grad err':>14}   (measured: median of the steps after the first)")
+    figures = {}
+    for label, res in runs.items():
+        later = res.timelines[1:] or res.timelines
+        measured = statistics.median(t.makespan for t in later)
+        figures[label] = (measured, res.replay.makespan, res.simulated.makespan)
+        print(f"{label:8}" + "".join(f"{v * 1e3:13.1f}" for v in figures[label][:2])
+              + f"{figures[label][2] * 1e3:14.1f}{res.max_grad_error:14.1e}")
+    order = {source: sorted(figures, key=lambda k: figures[k][i])
+             for i, source in enumerate(("measured", "replayed", "simulated"))}
+    for source, ranked in order.items():
+        print(f"{source:>10} order: " + " < ".join(ranked))
+    same = order["measured"] == order["simulated"]
+    print(f"the measured order {'matches' if same else 'differs from'} the simulated race; "
+          f"load average {load_average(1)} at the end on {os.cpu_count()} cores")
+    for a, b in ((a, b) for a in figures for b in figures if a < b):
+        measured_gap = figures[a][0] / figures[b][0] - 1
+        simulated_gap = figures[a][2] / figures[b][2] - 1
+        if (measured_gap < 0) != (simulated_gap < 0):     # this pair swapped places
+            print(f"  {a} / {b}: simulated {simulated_gap:+.1%}, measured {measured_gap:+.1%}, "
+                  f"replayed {figures[a][1] / figures[b][1] - 1:+.1%} (steps measured: "
+                  f"{a} {_spread(runs[a])}, {b} {_spread(runs[b])})")
+
+
+def _spread(res) -> str:
+    """The measured makespans of a run's steps after the first, in ms, lowest to highest."""
+    later = res.timelines[1:] or res.timelines
+    return "–".join(f"{t * 1e3:.0f}" for t in (min(x.makespan for x in later),
+                                                max(x.makespan for x in later)))
 
 
 if __name__ == "__main__":

@@ -11,8 +11,8 @@ the compute of the other ranks is not slowed), and the simulator prices them wit
 formulas, so a measured run and its simulation can be compared.
 
 The collective formulas are the usual α–β models (Thakur, Rabenseifner & Gropp 2005):
-a ring all-reduce is a reduce-scatter then an all-gather, 2(n−1) rounds each sending 1/n of the
-buffer, so 2(n−1)·α + 2(n−1)/n · bytes/β; a pairwise all-to-all is n−1 rounds, each process
+a ring all-reduce is a reduce-scatter then an all-gather, 2(n−1) rounds each sending 1/n of
+the buffer, so 2(n−1)·α + 2(n−1)/n · bytes/β; a pairwise all-to-all is n−1 rounds, each process
 sending the (n−1)/n of its buffer bound for the others: (n−1)·α + (n−1)/n · bytes/β.
 """
 from __future__ import annotations

@@ -46,8 +46,8 @@ class Costs:
     Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
     `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
     the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
-    2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The replica
-    sum `G` (bidirectional schedules) costs the same over its two copies.
+    2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The
+    replica sum `G` (bidirectional schedules) costs the same over its two copies.
 
     `link=pl.Link(latency, bandwidth)` (an emulated link, link.py) prices communication the way
     the runtime's emulation waits: every message crossing ranks adds `link.transfer_time(
@@ -324,10 +324,17 @@ def _tp_timing(costs: Costs, order, microbatches: int) -> tuple[list, list, list
     cache: dict = {}
     took, tails, spans = [], [], []
     for item in order.steps:
-        if item in measured:
+        if item in measured and not costs.link:
             took.append(measured[item])
             tails.append(0.0)
             spans.append(())
+            continue
+        if item in measured:          # a replay on a link: the measured compute, and the
+            busy, tail, shape = step_time(costs, item, microbatches)   # link's all-reduces
+            extra = measured[item] - sum(costs.duration(p, microbatches) for p in item.parts)
+            took.append(busy + extra)
+            tails.append(tail)
+            spans.append([(a, b, item.parts[i]) for a, b, i in shape])
             continue
         key = tuple((part[0], part[1]) for part in item.parts)
         if key not in cache:

@@ -207,7 +207,7 @@ def test_waiting_for_the_link_sleeps_instead_of_burning_a_core(clusters):
         assert running[rank] < 0.25, (rank, running[rank])
 
 
-@pytest.mark.parametrize("mesh", ["data", "tensor"])
+@pytest.mark.parametrize("mesh", ["data", "tensor", "expert"])
 def test_a_collective_on_the_link_takes_at_least_the_ring_formula(clusters, mesh):
     cluster = clusters(2)
     s = pl.schedule("gpipe", ranks=1, microbatches=2)
@@ -220,7 +220,7 @@ def test_a_collective_on_the_link_takes_at_least_the_ring_formula(clusters, mesh
         took = res.reduction_transfer()[0]
         simulated = [e.duration for e in res.simulated.comm_events()]
         assert simulated == [pytest.approx(ring)]
-    else:
+    elif mesh == "tensor":
         # 1 pipeline rank × 2 shards: two all-reduces of one activation per block and pass.
         nbytes = 4 * 2 * CFG.seq_len * CFG.d_model                # 2 rows per microbatch
         link = pl.Link(latency=0.01, bandwidth=nbytes / 0.01)
@@ -230,5 +230,19 @@ def test_a_collective_on_the_link_takes_at_least_the_ring_formula(clusters, mesh
                  for _part, start, end, _what in entries]
         assert len(spans) == 2 * CFG.n_layers * 2 * 2     # blocks × (F, B) × 2 microbatches
         took = min(spans)
+    elif mesh == "expert":
+        # 1 pipeline rank × 2 expert shards: each MoE block's dispatch and combine all-to-alls
+        # (and their backward), on a link of pure latency: one round each between 2 processes.
+        moe = pl.ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16, n_experts=4, top_k=2)
+        link = pl.Link(latency=0.02, bandwidth=1e15)
+        res = cluster.run(s, model=moe, link=link, expert_parallel=2, progress=False)
+        ring = 1 * 0.02
+        spans = [e.duration for e in res.timeline.comm_events() if e.action.kind in ("Ed", "Ec")]
+        assert len(spans) == moe.n_layers * 2 * 2 * 2     # blocks × (Ed, Ec) × (F, B) × m
+        took = min(spans)
     assert took >= ring
+    if mesh == "expert":
+        # The simulator charges each pass its all-to-alls (3 in a forward, with the split
+        # sizes; 2 in a backward) at the link's price: 2 microbatches, 2 MoE blocks.
+        assert res.simulated.makespan >= 2 * moe.n_layers * (3 + 2) * ring
     assert res.max_grad_error <= 1e-5, res.grad_errors

@@ -7,9 +7,9 @@ on this rank), runs the action's handler, and posts the sends. It records, per s
 wall-clock span of its compute (receive wait excluded, kept separately; the span ends before
 the sends are posted, whose posting is kept separately too), thread CPU time (sends included)
 and live activation bytes after it. Under an emulated link (spec.link) the receive waits and
-the collectives sleep until the link's deadline (runtime/link.py): never inside an action's
-CPU time, and without taking a core from the other ranks. The same function runs in a LocalCluster worker and under
-torchrun.
+the collectives sleep until the link's deadline (runtime/link.py): never counted as an
+action's CPU time, and without taking a core from the other ranks. The same function runs in a
+LocalCluster worker and under torchrun.
 """
 from __future__ import annotations
 
@@ -245,7 +245,10 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         posted = _post(plan[i + 1], wiring[i + 1], link) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         meter.reset_peak()             # this action's own peak, whatever it frees by its end
-        cpu0, start = cpu_clock(), clock()
+        # A braided step runs its backward on a thread of its own (parallel/braid.py), which
+        # the thread's clock would not see: its CPU time is the process's (gloo's threads too).
+        cpu_of = time.process_time if wiring[i][2] else cpu_clock
+        cpu0, start = cpu_of(), clock()
         if item == stall:
             _stall(item)
         if item == fail:
@@ -268,7 +271,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
                         sends.append((part, item, transfer.dst, end, clock()))
         if item == lag:                # test hook: the sender preempted once its sends are out
             time.sleep(0.1)
-        cpu = cpu_clock() - cpu0       # posting the sends is this action's work: the replay pays it
+        cpu = cpu_of() - cpu0          # posting the sends is this action's work: the replay pays it
         actions.append((i, item, waited_from, start, end, cpu, meter.live))
         peaks.append(meter.peak)
         memory.append((end, state.meter.live))

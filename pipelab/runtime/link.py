@@ -45,7 +45,8 @@ class DelayedMessage:
     arrived and post time + `seconds` has passed."""
 
     def __init__(self, handle, stamp_handle, stamp: torch.Tensor, seconds: float):
-        self.handle, self.stamp_handle, self.stamp, self.seconds = handle, stamp_handle, stamp, seconds
+        self.handle, self.stamp_handle = handle, stamp_handle
+        self.stamp, self.seconds = stamp, seconds
 
     def wait(self) -> None:
         self.handle.wait()

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -100,8 +100,8 @@ class RunResult:
     def reduction_transfer(self) -> dict[int, float]:
         """Per stage, the all-reduce's own time: from the moment the *last* replica launched it
         (before that, the others only wait for it) to completion, the median over replicas. This
-        is what the ring formula 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth predicts; the spans in
-        `reduction_times()` also hold the wait for the slowest replica."""
+        is what the ring formula 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth predicts; the
+        spans in `reduction_times()` also hold the wait for the slowest replica."""
         out = {}
         for stage in range(self.schedule.stages):
             events = [e for (pp, _dp), tl in self.process_timelines.items()
@@ -294,7 +294,6 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     its link time to the pass (the median over its microbatches). The measured spans of those
     collectives are dropped from the table: the formula prices them instead. `reports`: one
     process per pipeline rank (replica 0, shard 0)."""
-    from dataclasses import replace
     from ..memory import _blocks
     from ..schedules.reductions import REPLICA_SUM
     link, mesh = spec.link, spec.mesh
@@ -384,11 +383,15 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
     comm = _latency(reports, last)
     i_frees = _i_frees(reports, last)
-    replay = simulate(sched, Costs(per_action=cpu, comm=comm, unit="s"), source="replayed",
-                      i_frees=0.0 if i_frees is None else i_frees)
     fitted = Costs.fit(timelines[-1], sched.stages, comm)
+    replayed = Costs(per_action=cpu, comm=comm, unit="s")
     if spec.link is not None:
+        # Both price communication by the link; the replay keeps each action's CPU time (a
+        # compound's parts take their share from the fit, the link's all-reduces around them).
         fitted = _on_link(spec, fitted, reports)
+        replayed = replace(fitted, per_action=cpu)
+    replay = simulate(sched, replayed, source="replayed",
+                      i_frees=0.0 if i_frees is None else i_frees)
     modelled = simulate(sched, fitted, source="simulated",
                         i_frees=0.0 if i_frees is None else i_frees)
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
