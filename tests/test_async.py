@@ -196,8 +196,8 @@ def test_race_pairs_each_rounds_wall_clock_and_replay():
                                    replay=SimpleNamespace(makespan=replay * n))
 
     cluster = FakeCluster()
-    wall, replayed = asynchrony.race(cluster, "a", "b", ("A", "B"), rounds=3)
+    wall, replayed = asynchrony.race(cluster, "a", "b", ("A", "B"), rounds=3, margin=0.2)
     assert cluster.calls == ["a", "b", "b", "a", "a", "b"]
     assert wall.a == (1.0, 4.0, 5.0) and wall.b == (3.0, 4.5, 9.0)
     assert replayed.a == (2.0, 8.0, 10.0) and replayed.b == (2.0, 3.0, 6.0)
-    assert replayed.load == wall.load and replayed.margin == wall.margin
+    assert replayed.load == wall.load and replayed.margin == wall.margin == 0.2
