@@ -52,6 +52,7 @@ class Attempt:
     run: object | None = None                # a RunResult, when it ran live
     problem: str | None = None
     stage: str = "read"                      # how far it got: read, validate, live, goal, done
+    load: str = ""                           # the machine's load when it ran live
 
     @property
     def passed(self) -> bool:
@@ -67,7 +68,7 @@ class Attempt:
                          f"{[round(peaks[r], 3) for r in range(tl.ranks)]}")
         if self.run is not None:
             lines.append(f"live: loss {self.run.loss:.6f} (unsplit model {self.run.reference_loss:.6f}),"
-                         f" largest gradient error {self.run.max_grad_error:.1e}")
+                         f" largest gradient error {self.run.max_grad_error:.1e}; ran at {self.load}")
         if self.passed:
             lines.append("✔ valid, exact live, goal met")
         else:
@@ -173,8 +174,10 @@ def _run_live(out: Attempt, cluster, model, seed: int) -> str | None:
     if cluster.ranks != out.schedule.ranks:
         return (f"the cluster has {cluster.ranks} ranks and the schedule {out.schedule.ranks}: "
                 f"start a LocalCluster(ranks={out.schedule.ranks})")
+    from .noise import load_line
     try:
         out.run = cluster.run(out.schedule, model=model, seed=seed)
+        out.load = load_line()
     except (PipelineTimeout, WorkerError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return f"the live run stopped: {first}"

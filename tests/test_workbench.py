@@ -155,6 +155,7 @@ def test_progress_names_each_step_in_order(clusters):
     assert att.passed
     assert steps == ["reading and validating", "simulating",
                      "running live on 3 processes and comparing every gradient", "checking the goal"]
+    assert "ran at load average" in att.report()      # a live check says the load it ran at
     bad = []
     workbench.attempt("0F0 0B0\n1F0 1B0", ranks=3, microbatches=1, progress=bad.append)
     assert bad == ["reading and validating"]          # stops where the text fails
