@@ -145,3 +145,25 @@ def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
     display(box)
     return box
 
+
+
+def race(cluster, a, b, labels: tuple[str, str], rounds: int = 5, margin: float = 0.05,
+         **run_options):
+    """Run schedules `a` and `b` live in alternating paired rounds (`pipelab.noise`) and judge
+    their steps twice: on the wall clock, and replayed from the same runs' CPU times (a win
+    must clear 1 ± `margin` in every counted round). Returns (measured verdict, replayed
+    verdict); `run_options` go to `cluster.run`."""
+    from . import noise
+    replayed: dict[str, list[float]] = {labels[0]: [], labels[1]: []}
+
+    def timed(label: str, schedule):
+        def once() -> float:
+            res = cluster.run(schedule, check=False, **run_options)
+            replayed[label].append(res.replay.makespan)
+            return res.timeline.makespan
+        return once
+
+    wall = noise.paired_rounds(timed(labels[0], a), timed(labels[1], b), rounds=rounds,
+                               labels=labels, margin=margin)
+    return wall, noise.verdict(replayed[labels[0]], replayed[labels[1]], labels, wall.margin,
+                               wall.load)

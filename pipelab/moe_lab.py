@@ -50,6 +50,49 @@ def all_to_all_bytes(routing: Routing, d_model: int, expert_parallel: int) -> in
     return int((kept * remote).sum()) * d_model * 4 * 2
 
 
+class _CountingExchange(moe.LocalExchange):
+    """Every expert stays in this process, but the rows an expert-parallel run would send away
+    are counted from the tensors themselves: the rows bound for experts that process `size`
+    groups would hold elsewhere (dispatch), and their results coming back (combine)."""
+
+    def __init__(self, home: int, size: int, n_experts: int):
+        self.home, self.local = home, n_experts // size
+        self.sent = 0
+
+    def _count(self, rows: torch.Tensor, away: torch.Tensor) -> None:
+        self.sent += rows[away].numel() * rows.element_size()
+
+    def dispatch(self, counts: torch.Tensor, rows: torch.Tensor, layer: int):
+        owner = torch.arange(counts.numel()).repeat_interleave(counts) // self.local
+        away = owner != self.home
+        self._count(rows, away)
+        return counts.view(1, -1), rows, away
+
+    def combine(self, rows: torch.Tensor, away, layer: int) -> torch.Tensor:
+        self._count(rows, away)
+        return rows
+
+
+def sent_bytes(model: ToyGPT, inputs: torch.Tensor, expert_parallel: int) -> int:
+    """Bytes an expert-parallel forward would move, counted from the tensors: `inputs` split
+    into `expert_parallel` replicas, replica h on process h, each process holding E/ep
+    consecutive experts of every MoE layer. A second way to get `all_to_all_bytes`."""
+    layers = [m for m in model.modules() if isinstance(m, moe.MoEMLP)]
+    total = 0
+    try:
+        with torch.no_grad():
+            for home, part in enumerate(inputs.chunk(expert_parallel)):
+                counters = [_CountingExchange(home, expert_parallel, m.n_experts) for m in layers]
+                for layer, counter in zip(layers, counters):
+                    layer.exchange = counter
+                model(part)
+                total += sum(c.sent for c in counters)
+    finally:
+        for layer in layers:
+            layer.exchange = moe.LOCAL
+    return total
+
+
 def plot_routing(routing: Routing, title: str, ax=None, layer: int = 0, ymax: float | None = None):
     """Tokens per expert of one MoE layer: kept (blue) and dropped (red) stacked, the
     capacity-free even share as a dashed line."""
@@ -216,7 +259,8 @@ def plot_sweep(table: list[dict], even, title: str, ax=None):
     ax.set_xlabel("load imbalance (busiest expert / mean)")
     ax.set_ylabel("share of the step")
     ax.set_title(title, fontsize=10)
-    ax.legend(fontsize=7, loc="lower right")
+    # Below the axes: inside, it would sit on the flat bubble line the text points at.
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.22), ncol=2, frameon=False)
     return ax
 
 

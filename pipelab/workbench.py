@@ -52,6 +52,7 @@ class Attempt:
     run: object | None = None                # a RunResult, when it ran live
     problem: str | None = None
     stage: str = "read"                      # how far it got: read, validate, live, goal, done
+    load: str = ""                           # the machine's load when it ran live
 
     @property
     def passed(self) -> bool:
@@ -67,7 +68,7 @@ class Attempt:
                          f"{[round(peaks[r], 3) for r in range(tl.ranks)]}")
         if self.run is not None:
             lines.append(f"live: loss {self.run.loss:.6f} (unsplit model {self.run.reference_loss:.6f}),"
-                         f" largest gradient error {self.run.max_grad_error:.1e}")
+                         f" largest gradient error {self.run.max_grad_error:.1e}; ran at {self.load}")
         if self.passed:
             lines.append("✔ valid, exact live, goal met")
         else:
@@ -119,17 +120,22 @@ def _parse_error(token: str) -> str | None:
 
 def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = None,
             microbatches: int | None = None, costs: Costs | None = None, cluster=None,
-            model=None, seed: int = 0) -> Attempt:
+            model=None, seed: int = 0,
+            progress: Callable[[str], None] | None = None) -> Attempt:
     """Read, validate, simulate, run live (when `cluster` is given) and check the goal.
 
     Shape and costs come from `exercise`, or from `ranks`, `microbatches` and `costs` for free
-    play. Never raises for a mistake in the text or the run: see `Attempt.problem`."""
+    play. `progress(step)` is told each step as it starts ("validating", "simulating",
+    "running live on 3 processes", "checking the goal"). Never raises for a mistake in the text
+    or the run: see `Attempt.problem`."""
+    say = progress or (lambda _step: None)
     if exercise is not None:
         ranks, microbatches = exercise.ranks, exercise.microbatches
         costs = exercise.costs
     if ranks is None or microbatches is None:
         raise ValueError("attempt needs an exercise, or ranks= and microbatches=")
     out = Attempt(text)
+    say("reading and validating")
     try:
         out.schedule = read(text, ranks, microbatches)
     except ScheduleError as error:
@@ -139,6 +145,7 @@ def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = 
         out.problem = f"cannot read it: {error}"
         return out
     out.stage = "validate"
+    say("simulating")
     try:
         out.simulated = simulate(out.schedule, costs or Costs(), source="simulated")
     except ValueError as error:          # e.g. per-stage costs for fewer stages than written
@@ -146,11 +153,13 @@ def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = 
         return out
     if cluster is not None:
         out.stage = "live"
+        say(f"running live on {cluster.ranks} processes and comparing every gradient")
         problem = _run_live(out, cluster, model, seed)
         if problem:
             out.problem = problem
             return out
     out.stage = "goal"
+    say("checking the goal")
     missing = exercise.goal(out) if exercise is not None else None
     if missing:
         out.problem = f"valid{' and exact live' if out.run else ''}, but not there yet: {missing}"
@@ -165,8 +174,10 @@ def _run_live(out: Attempt, cluster, model, seed: int) -> str | None:
     if cluster.ranks != out.schedule.ranks:
         return (f"the cluster has {cluster.ranks} ranks and the schedule {out.schedule.ranks}: "
                 f"start a LocalCluster(ranks={out.schedule.ranks})")
+    from .noise import load_line
     try:
         out.run = cluster.run(out.schedule, model=model, seed=seed)
+        out.load = load_line()
     except (PipelineTimeout, WorkerError, ValueError) as error:
         first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
         return f"the live run stopped: {first}"
@@ -194,6 +205,10 @@ class Workbench:
                                      tooltip="validate, simulate, draw, run live, compare gradients")
         self.solution_button = w.Button(description="show solution")
         self.output = ui.output("120px")
+        # What the check is doing right now: a live run takes seconds, and the last verdict must
+        # not stand on screen meanwhile as if it were the answer to the new text.
+        self.status = w.HTML("")
+        self.status.add_class("pipelab-workbench-status")
         self.solution = w.HTML("")           # empty until asked for
         self.check_button.on_click(lambda _b: self.check())
         self.solution_button.on_click(lambda _b: self.show_solution())
@@ -201,7 +216,7 @@ class Workbench:
                         + (f"<br><i>hint: {exercise.hint}</i>" if exercise.hint else ""))
         mono = w.HTML("<style>.pipelab-schedule-text textarea {font-family: monospace}</style>")
         self.widget = w.VBox([mono, header, self.text,
-                              w.HBox([self.check_button, self.solution_button]),
+                              w.HBox([self.check_button, self.solution_button, self.status]),
                               self.output, self.solution])
         self.widget.add_class("pipelab-workbench")
 
@@ -209,14 +224,28 @@ class Workbench:
         from IPython.display import display
         display(self.widget)
 
+    def _say(self, step: str) -> None:
+        self.status.value = f"<span style='color:#555'>⏳ checking: {step}…</span>"
+
     def check(self) -> Attempt:
         import matplotlib.pyplot as plt
         from . import plots
-        self.output.clear_output(wait=True)
+        # Clear at once (not wait=True, which keeps the old verdict until new output arrives,
+        # i.e. for the whole live run) and say that a check is under way.
+        self._say("starting")
+        self.output.outputs = ()
+        self.output.clear_output()
+        self.check_button.disabled = True
+        try:
+            with self.output:
+                att = attempt(self.text.value, self.exercise, cluster=self.cluster,
+                              model=self.model, seed=self.seed, progress=self._say)
+        finally:
+            self.check_button.disabled = False
+        self.last = att
+        self.status.value = ("<span style='color:#2e7d32'>✔ passed</span>" if att.passed else
+                             "<span style='color:#c62828'>✘ not yet: see below</span>")
         with self.output:
-            att = attempt(self.text.value, self.exercise, cluster=self.cluster, model=self.model,
-                          seed=self.seed)
-            self.last = att
             if att.simulated is not None:
                 panels, titles = [att.simulated], ["your schedule — simulated (exercise costs)"]
                 if att.run is not None:

@@ -176,3 +176,28 @@ def test_weight_versions_are_parameters_not_activations(runs):
     two_bw = runs("2bw")
     assert two_bw.versions.weight_bytes == weight_bytes(two_bw.schedule, CFG, two_bw.spec.bounds) \
         == {0: 2 * stage_bytes[0], 1: 2 * stage_bytes[1]}
+
+
+def test_race_pairs_each_rounds_wall_clock_and_replay():
+    """asynchrony.race alternates the two schedules (A B, B A, ...) and judges the wall clock and
+    the replay of the *same* runs: each replayed sample belongs to its own run's round."""
+    from types import SimpleNamespace
+    from pipelab import asynchrony
+
+    class FakeCluster:            # A's run: wall 1.0, replay 2.0; B's: wall 1.5, replay 1.0
+        def __init__(self):
+            self.calls = []
+
+        def run(self, schedule, check=True, **options):
+            self.calls.append(schedule)
+            wall, replay = {"a": (1.0, 2.0), "b": (1.5, 1.0)}[schedule]
+            n = len(self.calls)
+            return SimpleNamespace(timeline=SimpleNamespace(makespan=wall * n),
+                                   replay=SimpleNamespace(makespan=replay * n))
+
+    cluster = FakeCluster()
+    wall, replayed = asynchrony.race(cluster, "a", "b", ("A", "B"), rounds=3, margin=0.2)
+    assert cluster.calls == ["a", "b", "b", "a", "a", "b"]
+    assert wall.a == (1.0, 4.0, 5.0) and wall.b == (3.0, 4.5, 9.0)
+    assert replayed.a == (2.0, 8.0, 10.0) and replayed.b == (2.0, 3.0, 6.0)
+    assert replayed.load == wall.load and replayed.margin == wall.margin == 0.2

@@ -118,3 +118,44 @@ def test_widget_buttons(monkeypatch):
     assert bench.solution.value == ""           # the solution is shown only on request
     bench.solution_button.click()
     assert exercises.SPLIT.solution.splitlines()[1] in bench.solution.value
+
+
+def test_check_says_it_is_checking_before_the_verdict_arrives(monkeypatch):
+    """While a check runs (seconds, when it runs live), the old verdict is gone and a status line
+    says what is being done; the verdict replaces it at the end."""
+    import matplotlib
+    matplotlib.use("Agg")
+    bench = workbench.Workbench(exercises.SPLIT)
+    bench.output.outputs = ({"output_type": "stream", "name": "stdout", "text": "✘ the old verdict"},)
+    seen = []
+    bench.status.observe(lambda change: seen.append(change.new), names="value")
+    real_attempt = workbench.attempt
+    at_start = {}
+
+    def watched(*args, **kwargs):
+        at_start.update(outputs=bench.output.outputs, status=bench.status.value,
+                        disabled=bench.check_button.disabled)
+        return real_attempt(*args, **kwargs)
+
+    monkeypatch.setattr(workbench, "attempt", watched)
+    bench.text.value = exercises.SPLIT.solution
+    att = bench.check()
+    assert at_start["outputs"] == () and "checking" in at_start["status"]
+    assert at_start["disabled"] and not bench.check_button.disabled
+    steps = [s for s in seen if "checking" in s]
+    assert any("validating" in s for s in steps) and any("simulating" in s for s in steps)
+    assert any("checking the goal" in s for s in steps)
+    assert att.passed and "✔ passed" in bench.status.value
+
+
+def test_progress_names_each_step_in_order(clusters):
+    steps = []
+    att = workbench.attempt(exercises.SPLIT.solution, exercises.SPLIT, cluster=clusters(3),
+                            model=CFG, progress=steps.append)
+    assert att.passed
+    assert steps == ["reading and validating", "simulating",
+                     "running live on 3 processes and comparing every gradient", "checking the goal"]
+    assert "ran at load average" in att.report()      # a live check says the load it ran at
+    bad = []
+    workbench.attempt("0F0 0B0\n1F0 1B0", ranks=3, microbatches=1, progress=bad.append)
+    assert bad == ["reading and validating"]          # stops where the text fails
