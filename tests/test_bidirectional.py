@@ -275,6 +275,38 @@ def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form(capsy
     plt.close("all")
 
 
+def test_explorer_switch_says_why_it_does_nothing(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import bidirectional as bidir
+    box = bidir.bidirectional_explorer(ranks=4, microbatches=8)
+    switch = box.controls["overlap"]
+    assert switch.description == bidir.OVERLAP_LABEL
+    box.controls["microbatches"].value = 6                 # DualPipe needs m >= 2p: refused
+    assert "this setting is refused" in switch.description
+    assert "nothing to act on" in capsys.readouterr().out
+    box.controls["name"].value = "chimera"                 # m = 6 is no multiple of p: refused
+    box.controls["microbatches"].value = 8
+    assert "Chimera has no F&B pairs" in switch.description
+    box.controls["name"].value = "dualpipe"
+    assert switch.description == bidir.OVERLAP_LABEL
+    plt.close("all")
+
+
+def test_memory_by_rank_gives_every_rank_of_a_mirrored_schedule_its_own_panel():
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import bidirectional as bidir
+    tl = pl.simulate(pl.schedule("dualpipe", ranks=4, microbatches=8), pl.Costs())
+    assert tl.memory_curve(0) == tl.memory_curve(3)        # mirror ranks: one curve on one axis
+    fig = bidir.plot_memory_by_rank([tl], ["dualpipe"])
+    assert len(fig.axes) == 4 and all(len(ax.lines) == 1 for ax in fig.axes)
+    assert [ax.texts[0].get_text() for ax in fig.axes] == [f"rank {r}\npeak 5" for r in range(4)]
+    plt.close("all")
+
+
 def test_recomputation_keeps_the_routes_and_stays_exact(clusters):
     """A transform that rebuilds the schedule (here: R before every backward) keeps its routes
     and replicas, so a bidirectional schedule recomputes and still matches the unsplit model."""
