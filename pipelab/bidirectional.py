@@ -75,48 +75,15 @@ def plot_memory_table(rows: list[dict], title: str = ""):
     return fig
 
 
-def plot_memory_by_rank(timelines: Sequence, titles: Sequence[str]):
-    """Activation memory with one small panel per rank (a column per timeline, shared axes).
-    Bidirectional schedules are mirror images — rank r and rank p−1−r hold the same at every
-    moment — so their curves drawn on one axis hide each other; here every rank is seen."""
-    import matplotlib.pyplot as plt
-    ranks = max(tl.ranks for tl in timelines)
-    fig, axes = plt.subplots(ranks, len(timelines), figsize=(5.6 * len(timelines), 1.1 + 0.75 * ranks),
-                             sharex=True, sharey=True, squeeze=False, layout="constrained")
-    for col, (tl, title) in enumerate(zip(timelines, titles)):
-        end = tl.makespan or 1.0
-        for rank in range(ranks):
-            ax = axes[rank][col]
-            curve = tl.memory_curve(rank) if rank < tl.ranks else []
-            if curve:
-                ts = [t - tl.start for t, _ in curve] + [end]
-                levels = [level for _, level in curve]
-                ax.step(ts, levels + levels[-1:], where="post", color=f"C{rank}")
-                ax.fill_between(ts, levels + levels[-1:], step="post", color=f"C{rank}", alpha=0.15)
-            ax.text(1.01, 0.5, f"rank {rank}\npeak {tl.peak_activations().get(rank, 0):g}",
-                    transform=ax.transAxes, ha="left", va="center", fontsize=8)
-            ax.grid(alpha=0.3)
-            ax.tick_params(labelsize=8)
-        axes[0][col].set_title(f"{title} — simulated activation memory, one panel per rank",
-                               fontsize=9)
-        axes[-1][col].set_xlabel("time (units)", fontsize=9)
-    fig.supylabel(f"live activations ({timelines[0].memory_unit})", fontsize=9)
-    top = max(max(tl.peak_activations().values(), default=1) for tl in timelines)
-    axes[0][0].set_ylim(0, top * 1.2)
-    return fig
-
-
 OVERLAP_LABEL = "overlap pairs (as a GPU would: max(F, B))"
 
 
 def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
     """Sliders: schedule, p, m, F : I : W, message cost and "overlap pairs" (what a GPU would
     do with a compound F&B step); the schedule against 1F1B on the same model, simulated, with
-    its worst rank's idle time next to DeepSeek's or Chimera's closed form, and the activation
-    memory of every rank in a panel of its own. Where the switch cannot act (a refused
-    setting, or Chimera, which has no pairs) its label says why."""
+    its worst rank's idle time next to DeepSeek's or Chimera's closed form. Where the switch
+    cannot act (a refused setting, or Chimera, which has no pairs) its label says why."""
     import ipywidgets as w
-    import matplotlib.pyplot as plt
     from . import ui
     from .compare import _slider_box, against_1f1b, cost_slider as slider
 
@@ -135,7 +102,7 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
 
     def draw(name, ranks, microbatches, F, I, W, comm, overlap):  # noqa: E741
         costs = Costs(F=F, I=I, W=W, comm=comm, overlap=0.0 if overlap else None)
-        drawn = against_1f1b(name, ranks, microbatches, costs)
+        drawn = against_1f1b(name, ranks, microbatches, costs, memory=True)
         if drawn is None:
             switch.description = "overlap pairs — no effect: this setting is refused"
             print("(the overlap switch has nothing to act on: no schedule was built for these "
@@ -144,8 +111,6 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
         switch.description = ("overlap pairs — no effect: Chimera has no F&B pairs"
                               if name == "chimera" else OVERLAP_LABEL)
         base, tl = drawn
-        plot_memory_by_rank([base, tl], ["1F1B", name])
-        plt.show()
         print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
               f"idle time of the worst rank {worst_idle(tl):.4g} (1F1B {worst_idle(base):.4g})"
               + (" — pairs overlapped, as on a GPU (a model, not a measurement)" if overlap

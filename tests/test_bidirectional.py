@@ -294,19 +294,6 @@ def test_explorer_switch_says_why_it_does_nothing(capsys):
     plt.close("all")
 
 
-def test_memory_by_rank_gives_every_rank_of_a_mirrored_schedule_its_own_panel():
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from pipelab import bidirectional as bidir
-    tl = pl.simulate(pl.schedule("dualpipe", ranks=4, microbatches=8), pl.Costs())
-    assert tl.memory_curve(0) == tl.memory_curve(3)        # mirror ranks: one curve on one axis
-    fig = bidir.plot_memory_by_rank([tl], ["dualpipe"])
-    assert len(fig.axes) == 4 and all(len(ax.lines) == 1 for ax in fig.axes)
-    assert [ax.texts[0].get_text() for ax in fig.axes] == [f"rank {r}\npeak 5" for r in range(4)]
-    plt.close("all")
-
-
 def test_recomputation_keeps_the_routes_and_stays_exact(clusters):
     """A transform that rebuilds the schedule (here: R before every backward) keeps its routes
     and replicas, so a bidirectional schedule recomputes and still matches the unsplit model."""
