@@ -75,10 +75,14 @@ def plot_memory_table(rows: list[dict], title: str = ""):
     return fig
 
 
+OVERLAP_LABEL = "overlap pairs (as a GPU would: max(F, B))"
+
+
 def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
     """Sliders: schedule, p, m, F : I : W, message cost and "overlap pairs" (what a GPU would
     do with a compound F&B step); the schedule against 1F1B on the same model, simulated, with
-    its worst rank's idle time next to DeepSeek's or Chimera's closed form."""
+    its worst rank's idle time next to DeepSeek's or Chimera's closed form. Where the switch
+    cannot act (a refused setting, or Chimera, which has no pairs) its label says why."""
     import ipywidgets as w
     from . import ui
     from .compare import _slider_box, against_1f1b, cost_slider as slider
@@ -92,15 +96,20 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
         "F": slider(1.0, "forward F"), "I": slider(1.0, "input gradient I"),
         "W": slider(1.0, "weight gradient W"),
         "comm": slider(0.0, "message cost c", lo=0.0, hi=1.0, step=0.05),
-        "overlap": ui.control(w.Checkbox, "overlap pairs (as a GPU would: max(F, B))",
-                              value=False, indent=True),
+        "overlap": ui.control(w.Checkbox, OVERLAP_LABEL, value=False, indent=True),
     }
+    switch = controls["overlap"]
 
     def draw(name, ranks, microbatches, F, I, W, comm, overlap):  # noqa: E741
         costs = Costs(F=F, I=I, W=W, comm=comm, overlap=0.0 if overlap else None)
         drawn = against_1f1b(name, ranks, microbatches, costs, memory=True)
         if drawn is None:
+            switch.description = "overlap pairs — no effect: this setting is refused"
+            print("(the overlap switch has nothing to act on: no schedule was built for these "
+                  "settings)")
             return
+        switch.description = ("overlap pairs — no effect: Chimera has no F&B pairs"
+                              if name == "chimera" else OVERLAP_LABEL)
         base, tl = drawn
         print(f"simulated: {name} makespan {tl.makespan:.4g} (1F1B {base.makespan:.4g}); "
               f"idle time of the worst rank {worst_idle(tl):.4g} (1F1B {worst_idle(base):.4g})"

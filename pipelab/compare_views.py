@@ -12,18 +12,26 @@ from .simulate import Costs
 
 def plot_schedule_table(rows: list[dict], ax=None, title: str | None = None):
     """Scatter of a `schedule_table`: bubble (share of the makespan) against peak activations,
-    one labelled dot per schedule. Only draws."""
+    one dot per schedule in a colour and marker of its own, its name beside it in that colour
+    (schedules that land on one point share a label). Only draws."""
     import matplotlib.pyplot as plt
     if ax is None:
         _, ax = plt.subplots(figsize=(7, 4))
     shown = [r for r in rows if not r.get("error")]
-    for r in shown:
-        ax.plot(r["peak"], 100 * r["bubble"], "o", markersize=7)
-        ax.annotate(r["name"], (r["peak"], 100 * r["bubble"]), textcoords="offset points",
-                    xytext=(6, 4), fontsize=8)
+    palette = plt.get_cmap("tab10" if len(shown) <= 10 else "tab20").colors
+    markers = "osD^vP*Xh<>p"
+    at: dict[tuple, list[int]] = {}
+    for k, r in enumerate(shown):
+        at.setdefault((r["peak"], round(100 * r["bubble"], 6)), []).append(k)
+        ax.plot(r["peak"], 100 * r["bubble"], markers[k % len(markers)], markersize=8,
+                color=palette[k % len(palette)], label=r["name"])
+    for (peak, bubble), ks in at.items():
+        for j, k in enumerate(ks):          # one name per line where dots coincide
+            ax.annotate(shown[k]["name"], (peak, bubble), textcoords="offset points",
+                        xytext=(7, 3 - 11 * j), fontsize=9, color=palette[k % len(palette)])
     ax.set_xlabel("peak activations, busiest rank (microbatches × a rank's layers)")
     ax.set_ylabel("bubble (% of the makespan)")
-    ax.set_xlim(left=0, right=max((r["peak"] for r in shown), default=1) * 1.25)
+    ax.set_xlim(left=0, right=max((r["peak"] for r in shown), default=1) * 1.35)
     ax.set_ylim(bottom=-2, top=max((100 * r["bubble"] for r in shown), default=1) * 1.2 + 2)
     ax.grid(alpha=0.3)
     ax.set_title(title or "every registered schedule — simulated: bubble vs peak memory",

@@ -112,13 +112,17 @@ def policy_table(runs: dict, cfg: ModelConfig) -> list[dict]:
         spec = res.spec
         model = memory.peak_bytes(res.timeline, cfg, spec.bounds, spec.rows_per_microbatch,
                                   spec.recompute or None)
-        r_time = sum(e.cpu for e in res.timeline.events if e.action.kind == "R")
-        compute = sum(e.cpu for e in res.timeline.events)
         rows.append(dict(policy=label, measured=dict(res.peak_activations), model=model,
                          step=res.replay.makespan, overhead=res.replay.makespan / base - 1,
-                         r_share=r_time / compute, flop_share=recompute_share(res),
+                         r_share=r_cpu_share(res), flop_share=recompute_share(res),
                          error=res.max_grad_error))
     return rows
+
+
+def r_cpu_share(res) -> float:
+    """The share of a run's measured CPU time (all actions, all ranks) spent in its R actions."""
+    r_time = sum(e.cpu for e in res.timeline.events if e.action.kind == "R")
+    return r_time / sum(e.cpu for e in res.timeline.events)
 
 
 def recompute_share(res) -> float:

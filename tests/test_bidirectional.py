@@ -275,6 +275,25 @@ def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form(capsy
     plt.close("all")
 
 
+def test_explorer_switch_says_why_it_does_nothing(capsys):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import bidirectional as bidir
+    box = bidir.bidirectional_explorer(ranks=4, microbatches=8)
+    switch = box.controls["overlap"]
+    assert switch.description == bidir.OVERLAP_LABEL
+    box.controls["microbatches"].value = 6                 # DualPipe needs m >= 2p: refused
+    assert "this setting is refused" in switch.description
+    assert "nothing to act on" in capsys.readouterr().out
+    box.controls["name"].value = "chimera"                 # m = 6 is no multiple of p: refused
+    box.controls["microbatches"].value = 8
+    assert "Chimera has no F&B pairs" in switch.description
+    box.controls["name"].value = "dualpipe"
+    assert switch.description == bidir.OVERLAP_LABEL
+    plt.close("all")
+
+
 def test_recomputation_keeps_the_routes_and_stays_exact(clusters):
     """A transform that rebuilds the schedule (here: R before every backward) keeps its routes
     and replicas, so a bidirectional schedule recomputes and still matches the unsplit model."""

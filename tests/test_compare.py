@@ -152,6 +152,21 @@ def test_plot_schedule_table_draws_one_dot_per_schedule():
     assert "simulated" in ax.get_title()
 
 
+def test_plot_schedule_table_gives_each_schedule_its_colour_and_a_readable_label():
+    import matplotlib
+    matplotlib.use("Agg")
+    names = ["gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v"]
+    rows = compare.schedule_table(4, 8, names=names)
+    twin = dict(rows[1], name="1f1b copy")              # a second schedule on 1F1B's very point
+    ax = compare.plot_schedule_table(rows + [twin])
+    colours = [tuple(line.get_color()) for line in ax.lines]
+    assert len(set(colours)) == len(names) + 1          # one colour per schedule
+    labels = {t.get_text(): t for t in ax.texts}
+    assert [tuple(labels[n].get_color()) for n in names + ["1f1b copy"]] == colours  # label = dot
+    # the two names on one point are drawn on separate lines, not on top of each other
+    assert labels["1f1b"].xyann != labels["1f1b copy"].xyann
+
+
 # --- predicted vs measured gain ------------------------------------------------------------------
 
 def _fake_run(name: str, costs: pl.Costs, comm: float, jitter: float = 0.0):

@@ -253,3 +253,12 @@ def test_R_placements_that_cannot_work_are_refused():
         cluster.run(pl.with_recompute(pl.schedule("1f1b", ranks=2, microbatches=2), [0]),
                     model=CFG, recompute="full")
     assert cluster.pids == []
+
+
+def test_r_cpu_share_counts_only_the_recomputations():
+    from types import SimpleNamespace
+    from pipelab import recompute_views as rv
+    act = pl.Action.parse
+    events = [SimpleNamespace(action=act(a), cpu=c)
+              for a, c in (("0F0", 1.0), ("0R0", 0.5), ("0B0", 2.0), ("1F0", 1.0), ("1B0", 0.5))]
+    assert rv.r_cpu_share(SimpleNamespace(timeline=SimpleNamespace(events=events))) == 0.5 / 5.0

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -38,7 +38,8 @@ SCHEDULE_OF = {"baseline": "1f1b", "redistribution": "1f1b", "vocab-1": "vocab-1
 BYTES = 4          # float32
 
 
-def _cpu_time(step, repeats: int, warmup: int = 2) -> float:
+def _cpu_times(step, repeats: int, warmup: int = 2) -> list[float]:
+    """CPU seconds of `repeats` calls of `step`, after `warmup` untimed ones."""
     for _ in range(warmup):
         step()
     samples = []
@@ -46,7 +47,7 @@ def _cpu_time(step, repeats: int, warmup: int = 2) -> float:
         t0 = time.thread_time()
         step()
         samples.append(time.thread_time() - t0)
-    return statistics.median(samples)
+    return samples
 
 
 @dataclass
@@ -60,6 +61,9 @@ class VocabProfile:
     S: float             # the output layer's S pass over the whole vocabulary
     T: float             # its T pass (dW and dX)
     block_bytes: int     # activations one block keeps per microbatch
+    # Every repeat behind each median ({"embed"|"block"|"head"|"S"|"T": [seconds, ...]}), for
+    # judging a comparison against the machine's noise (pipelab.noise.verdict).
+    samples: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def measure(cls, cfg: ModelConfig, rows: int = 4, repeats: int = 3) -> "VocabProfile":
@@ -76,9 +80,11 @@ class VocabProfile:
                 out = layer(x)
                 (loss_fn(out, idx) if loss else out).backward(None if loss else hidden)
 
-            times = [_cpu_time(lambda: run(embed, idx), repeats),
-                     _cpu_time(lambda: run(block, hidden.clone().requires_grad_()), repeats),
-                     _cpu_time(lambda: run(head, hidden.clone().requires_grad_(), True), repeats)]
+            samples = {"embed": _cpu_times(lambda: run(embed, idx), repeats),
+                       "block": _cpu_times(lambda: run(block, hidden.clone().requires_grad_()),
+                                           repeats),
+                       "head": _cpu_times(lambda: run(head, hidden.clone().requires_grad_(), True),
+                                          repeats)}
             x, w, t = hidden.reshape(n, -1), head.out.weight.detach(), idx.reshape(-1)
             part = shard_forward(x, w, t, 0)
             grad = torch.full((n,), 1.0 / n)
@@ -87,13 +93,15 @@ class VocabProfile:
             def backward():
                 d = shard_softmax_grad(part, share, grad)
                 return d.t() @ x, d @ w
-            s_time = _cpu_time(lambda: shard_forward(x, w, t, 0), repeats)
-            t_time = _cpu_time(backward, repeats)
+            samples["S"] = _cpu_times(lambda: shard_forward(x, w, t, 0), repeats)
+            samples["T"] = _cpu_times(backward, repeats)
             meter = ActivationMeter(block.parameters())
             with meter.saving():
                 kept = block(hidden.clone().requires_grad_())
             del kept
-            return cls(cfg, rows, *times, s_time, t_time, meter.peak)
+            med = {kind: statistics.median(values) for kind, values in samples.items()}
+            return cls(cfg, rows, med["embed"], med["block"], med["head"], med["S"], med["T"],
+                       meter.peak, samples)
 
 
 def model_for(cfg: ModelConfig, ranks: int, blocks_per_rank: int) -> ModelConfig:
