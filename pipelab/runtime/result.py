@@ -61,6 +61,18 @@ class RunResult:
     tp_all_reduces: dict[int, list] = field(default_factory=dict)
     # MoE models: per step, tokens each expert was sent and dropped, per microbatch and layer
     routing: list = field(default_factory=list)
+    # The machine's 1-minute load average when the run was sent and when it came back: a
+    # measured (wall-clock) figure means little without it on a shared machine.
+    load: tuple[float, float] | None = None
+
+    @property
+    def load_line(self) -> str:
+        """"measured at load average 2.31 → 2.40 on 2 cores" (what every live figure needs)."""
+        import os
+        if self.load is None:
+            return "load average not recorded"
+        before, after = self.load
+        return f"measured at load average {before:.2f} → {after:.2f} on {os.cpu_count()} cores"
 
     @property
     def mesh(self):
@@ -155,7 +167,8 @@ class RunResult:
                 "max_grad_error": self.max_grad_error, "loss_history": self.loss_history,
                 "peak_activation_bytes": self.peak_activations, "recv_wait": self.recv_wait,
                 "send_buffer_peak": self.send_buffer_peak,
-                "comm_latency": self.comm_latency, "wall_time": self.wall_time}
+                "comm_latency": self.comm_latency, "wall_time": self.wall_time,
+                "load": self.load}
 
     def _views(self) -> list[Timeline]:
         return [self.timeline, self.replay, self.simulated]
@@ -196,6 +209,7 @@ class RunResult:
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
                      f"the whole run took {self.wall_time:.3f} s as seen by the caller "
                      f"(commands, all steps, results)")
+        lines.append(self.load_line)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -367,7 +381,8 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                                              for rep in reports},
                        tp_all_reduces={rep["rank"]: [(part, s - t0, e - t0, what) for part, s, e, what
                                                      in rep["steps"][last].get("tp", ())]
-                                       for rep in reports})
+                                       for rep in reports},
+                       load=next((rep["load"] for rep in every if "load" in rep), None))
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
