@@ -192,9 +192,10 @@ def _describe(where: str, body: str) -> str:
     pointed = [m.group(1).strip() for m in map(POINTER.match, lines) if m]
     errors = [m.group(1).strip() for m in map(ERROR.match, lines) if m]
     error = errors[-1] if errors else ""
-    if "timed out" in body.lower() or "timeout" in error.lower():
-        error = error or "timed out"
     line = pointed[-1] if pointed else ""
+    timeout = re.search(r"Timeout of [\d.]+ seconds exceeded[^\n.]*", body)
+    if timeout:                  # nbval interrupted the kernel: say so, not KeyboardInterrupt
+        return f"{where}: {timeout.group(0)} (interrupted at: {line or error})"
     return f"{where}: {line} ({error})" if line else f"{where}: {error or 'failed'}"
 
 

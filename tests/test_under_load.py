@@ -82,6 +82,14 @@ def test_failures_name_the_cell_the_line_and_the_error():
         'test_ratio: assert ratio < 1.3, f"balance {ratio}" (AssertionError: balance 1.32)']
 
 
+def test_a_cell_timeout_is_named_as_such():
+    body = ("______ n.ipynb::Cell 11 ______\nTimeout of 120 seconds exceeded executing cell\n"
+            "----> 3 res = cluster.run(sched)\nKeyboardInterrupt: \n")
+    assert under_load.failures(body) == [
+        "cell 11: Timeout of 120 seconds exceeded executing cell "
+        "(interrupted at: res = cluster.run(sched))"]
+
+
 def test_summary_counts_passes_hangs_and_failures_per_run():
     Outcome = under_load.Outcome
     s = under_load.Summary("05_zero_bubble", [
