@@ -106,3 +106,18 @@ def test_a_live_run_records_the_load_it_ran_at(clusters, monkeypatch):
     assert res.load == (1.5, 2.5) and res.summary()["load"] == (1.5, 2.5)
     assert res.load_line.startswith("measured at load average 1.50 → 2.50 on ")
     assert repr(res).splitlines()[-1] == res.load_line
+
+
+def test_the_replay_charges_each_action_its_least_inflated_step(clusters):
+    import pipelab as pl
+    cfg = pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8)
+    res = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=2), model=cfg, steps=3)
+    readings: dict = {}
+    for tl in res.timelines:                    # every step's measured CPU time per action
+        for e in tl.events:
+            readings.setdefault(e.action, []).append(e.cpu)
+    assert all(len(r) == 3 for r in readings.values())
+    replayed = {e.action: e.duration for e in res.replay.events}
+    assert replayed.keys() == readings.keys()
+    for action, cpu in readings.items():
+        assert replayed[action] == pytest.approx(min(cpu), rel=1e-9, abs=1e-12)
