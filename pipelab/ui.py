@@ -51,7 +51,10 @@ def interact(function, **controls):
     from IPython.display import display
     widget = _interactive_class()(function, **controls)
     display(widget)
-    function.widget = widget
+    try:
+        function.widget = widget
+    except AttributeError:           # a bound method or a builtin takes no attributes
+        pass
     return function
 
 
