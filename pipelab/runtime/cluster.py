@@ -195,6 +195,8 @@ class LocalCluster:
         reports: dict[int, dict] = {}
         try:
             while len(reports) < self.ranks:
+                if line.enabled:
+                    line.update(_status(spec, pool.board.read(), reports, line.elapsed))
                 waiting = [r for r in range(self.ranks) if r not in reports]
                 for rank, message in pool.receive(waiting, timeout=POLL):
                     kind = message[0]
@@ -210,8 +212,6 @@ class LocalCluster:
                         raise self._worker_error(rank, message[2], spec)
                 self._check_deaths(spec)
                 states = pool.board.read()
-                if line.enabled:
-                    line.update(_status(spec, states, reports, line.elapsed))
                 now = time.perf_counter()
                 # Time out only when no rank has moved for `timeout`: a rank may legitimately
                 # wait a long time for its turn (GPipe's rank 0 waits through fill and drain)
