@@ -98,9 +98,8 @@ def test_a_live_run_records_the_load_it_ran_at(clusters, monkeypatch):
     import itertools
 
     import pipelab as pl
-    from pipelab.runtime import cluster as cluster_module
     readings = itertools.count(1.5)             # 1.5 when sent, 2.5 when back
-    monkeypatch.setattr(cluster_module, "load_average", lambda: next(readings))
+    monkeypatch.setattr(noise, "load_average", lambda: next(readings))
     cfg = pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8)
     res = clusters(2).run(pl.schedule("gpipe", ranks=2, microbatches=2), model=cfg)
     assert res.load == (1.5, 2.5) and res.summary()["load"] == (1.5, 2.5)

@@ -16,7 +16,6 @@ import time
 import weakref
 
 from ..checks import MAX_LOCAL_RANKS, at_most, positive_int
-from ..noise import StatusLine, load_average
 from ..schedules import comm_plan
 from .board import DONE, RECV, RUN
 from .errors import WorkerError
@@ -188,6 +187,7 @@ class LocalCluster:
         if progress and spec.steps > 1:
             from tqdm.auto import tqdm   # here, not at import: workers never need IPython
             bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
+        from ..noise import StatusLine, load_average
         # One step: a transient line saying where the ranks are (only where someone watches).
         line = StatusLine(enabled=None if progress and bar is None else False)
         load_before = load_average()
@@ -264,6 +264,7 @@ class LocalCluster:
 def _status(spec, states, reports: dict, elapsed: float) -> str:
     """"1f1b: actions 5/16 9/16 done done · 1.2 s · load 2.3": each rank's progress through its
     actions of the current step (or "done"), the time waited and the machine's load."""
+    from ..noise import load_average
     where = []
     for rank, state in enumerate(states):
         if rank in reports or state.state == DONE:
