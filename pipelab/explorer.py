@@ -143,7 +143,7 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
     if len(names) == 1:
         controls["name"].layout.display = "none"
     panels = 1 + (1.5 if memory else 0)
-    out = w.interactive_output(draw, controls)
+    out = ui.interactive_output(draw, controls)
     out.layout.min_height = f"{int(100 * (GANTT_HEIGHT * panels + 1.5) + 20 * 6)}px"
     box = w.VBox(list(controls.values()) + [out])
     box.add_class("pipelab-schedule-explorer")
@@ -237,7 +237,7 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
         plt.show()
         print(parts.table())
 
-    out = widgets.interactive_output(draw, {"stages": stages, "method": method})
+    out = ui.interactive_output(draw, {"stages": stages, "method": method})
     out.layout.min_height = "520px"
     box = widgets.VBox([stages, method, out])
     box.add_class("pipelab-balance-explorer")
@@ -265,7 +265,7 @@ def basis_toggle(views: Mapping[str, Mapping], key: str = "cost"):
         plt.show()
         print(f"{key} split on {basis}: {views[basis][key].layout}")
 
-    out = widgets.interactive_output(draw, {"basis": basis})
+    out = ui.interactive_output(draw, {"basis": basis})
     out.layout.min_height = "700px"
     box = widgets.VBox([basis, out])
     box.add_class("pipelab-basis-toggle")

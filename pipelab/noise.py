@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import statistics
 import sys
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -27,6 +28,70 @@ def load_average() -> float:
 def load_line() -> str:
     """What a live cell prints beside its timings: the load it ran at and the cores it had."""
     return f"load average {load_average():.2f} on {os.cpu_count()} cores"
+
+
+def watched() -> bool:
+    """Whether a person may be watching stderr: a terminal, or a Jupyter kernel (its front end
+    shows stderr under the cell). Plain pytest and redirected scripts are not: no status lines."""
+    if "ipykernel" in sys.modules:
+        try:
+            from IPython import get_ipython
+            if getattr(get_ipython(), "kernel", None) is not None:
+                return True
+        except ImportError:
+            pass
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+class StatusLine:
+    """A transient one-line status on stderr, rewritten in place (carriage return) and erased by
+    `close()`. It appears only after `delay` seconds (a quick run shows nothing), is rewritten at
+    most every `every` seconds, and only where someone watches (`watched()`) unless `enabled`
+    says otherwise. Use as a context manager, or call `update(text)` and `close()`."""
+
+    def __init__(self, enabled: bool | None = None, delay: float = 0.5, every: float = 0.25,
+                 stream=None):
+        self.enabled = watched() if enabled is None else enabled
+        self.delay, self.every = delay, every
+        self.stream = stream
+        self.began = time.perf_counter()
+        self._shown_at: float | None = None
+        self._width = 0
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self.began
+
+    def update(self, text: str, force: bool = False) -> bool:
+        """Show `text` (unless too soon, or not enabled); True when it was written."""
+        now = time.perf_counter()
+        if not self.enabled or (not force and (now - self.began < self.delay or (
+                self._shown_at is not None and now - self._shown_at < self.every))):
+            return False
+        pad = " " * max(self._width - len(text), 0)
+        self._write("\r" + text + pad)
+        self._shown_at, self._width = now, len(text)
+        return True
+
+    def close(self) -> None:
+        """Erase the line (when one was shown)."""
+        if self._shown_at is not None:
+            self._write("\r" + " " * self._width + "\r")
+            self._shown_at, self._width = None, 0
+
+    def _write(self, text: str) -> None:
+        stream = self.stream if self.stream is not None else sys.stderr
+        stream.write(text)
+        stream.flush()
+
+    def __enter__(self) -> "StatusLine":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _interval(values: Sequence[float]) -> tuple[float, float]:
@@ -125,23 +190,22 @@ def paired_rounds(a: Callable[[], float], b: Callable[[], float], rounds: int = 
     """Time A and B `rounds` times each, alternating which goes first, and judge B / A.
 
     `a` and `b` run one measurement each and return its time (smaller is faster). With
-    `progress`, a status line on stderr says which round is running."""
+    `progress`, a status line on stderr says which round is running (where someone watches:
+    a terminal or a notebook, `watched()`)."""
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     before = load_average()
     xs, ys = [], []
-    for i in range(rounds):
-        if progress:
-            print(f"\r{labels[0]} vs {labels[1]}: round {i + 1}/{rounds} "
-                  f"(load {load_average():.1f})", end="", file=sys.stderr, flush=True)
-        if i % 2 == 0:
-            x = a()
-            y = b()
-        else:
-            y = b()
-            x = a()
-        xs.append(x)
-        ys.append(y)
-    if progress:
-        print("\r" + " " * 60 + "\r", end="", file=sys.stderr, flush=True)
+    with StatusLine(enabled=None if progress else False, delay=0.0, every=0.0) as line:
+        for i in range(rounds):
+            line.update(f"{labels[0]} vs {labels[1]}: round {i + 1}/{rounds} "
+                        f"(load {load_average():.1f})")
+            if i % 2 == 0:
+                x = a()
+                y = b()
+            else:
+                y = b()
+                x = a()
+            xs.append(x)
+            ys.append(y)
     return verdict(xs, ys, labels, margin, (before, load_average()))

@@ -4,10 +4,18 @@ The questions are pure functions of a Timeline (`running_at`, `messages_in_fligh
 `live_activations`, `status`), tested without a browser. `player()` draws the Gantt chart(s)
 and memory curves once, on one time axis, and on each frame only moves the cursor, re-dims the
 boxes and redraws the arrows, then sends one PNG of fixed size (the page never jumps).
+
+It renders at the size it is shown (DISPLAY_WIDTH pixels: no stretching, no blur). A frame that
+lights the same boxes and arrows as the one before only moves the cursors: they are drawn over
+the saved picture of the rest (blitting), a fraction of a full redraw. Play goes through any
+timeline in about PLAY_SECONDS, stepping over frames when there are many, and redraws are
+throttled so that the chart keeps up with a dragged slider (the newest position wins).
 """
 from __future__ import annotations
 
 import io
+import math
+import time
 from bisect import bisect_right
 from typing import NamedTuple, Sequence
 
@@ -139,6 +147,23 @@ def frame_times(timelines: Sequence[Timeline], limit: int = 400) -> list[float]:
     return frames
 
 
+DISPLAY_WIDTH = 968        # pixels: the chart's width on the page (10 inches at 96.8 dpi)
+PLAY_SECONDS = 15.0        # a play-through takes about this long, whatever the timeline's length
+MIN_INTERVAL = 0.12        # seconds between played frames: what a redraw costs, with room
+MAX_INTERVAL = 0.35
+
+
+def playback(frames: int, seconds: float = PLAY_SECONDS) -> tuple[int, int, int]:
+    """(first frame, step, interval in ms) of the play button for `frames` frames: a frame every
+    `seconds / frames` s within [MIN_INTERVAL, MAX_INTERVAL], and every `step`-th frame where
+    there are too many to show at MIN_INTERVAL; the first frame is chosen so that the steps land
+    on the last one."""
+    moves = max(frames - 1, 1)
+    step = max(1, math.ceil(moves * MIN_INTERVAL / seconds))
+    interval = min(max(seconds / max(moves // step, 1), MIN_INTERVAL), MAX_INTERVAL)
+    return moves % step if frames > 1 else 0, step, round(interval * 1000)
+
+
 def _clock_factors(timelines: Sequence[Timeline]) -> list[float]:
     """1 for timelines on the first one's time unit; otherwise the ratio of makespans, so that
     timelines in other units are shown at the same share of their makespan."""
@@ -202,6 +227,7 @@ def headings(timelines: Sequence[Timeline], title: str | None = None,
 
 def _setup(box, timelines, *, memory, phases, critical_path, messages, headings) -> None:
     import ipywidgets as w
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from . import plots, ui
 
@@ -218,7 +244,8 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
             rows.append(("memory", i, 1.6))
     heights = [h for _, _, h in rows]
     extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
-    fig = Figure(figsize=(10, sum(heights) + extra + 0.3), dpi=72)
+    fig = Figure(figsize=(10, sum(heights) + extra + 0.3), dpi=DISPLAY_WIDTH / 10)
+    FigureCanvasAgg(fig)          # an offscreen canvas of its own: blitting needs its renderer
     axes = fig.subplots(len(rows), 1, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]
     xmax = max(tl.makespan * plots._time_scale(tl)[0] / f for tl, f in zip(timelines, box.factors))
@@ -254,7 +281,8 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     box.colours = [{e: bar.get_facecolor() for e, bar in ax.pipelab_bars.items()}
                    for _, ax in sorted(box.gantt_axes.items())]
 
-    box.play = w.Play(value=0, min=0, max=len(box.frames) - 1, step=1, interval=350,
+    first, step, interval = playback(len(box.frames))
+    box.play = w.Play(value=0, min=first, max=len(box.frames) - 1, step=step, interval=interval,
                       description="play", layout=w.Layout(width="120px"))
     # Beside the play button the label is short, so the track gets the width.
     box.slider = w.IntSlider(value=0, min=0, max=len(box.frames) - 1, description="time",
@@ -262,7 +290,8 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
                              style={"description_width": "50px"}, layout=ui.layout())
     box.time_label = w.HTML(layout=w.Layout(width="180px"))
     w.jslink((box.play, "value"), (box.slider, "value"))
-    box.image = w.Image(format="png", layout=w.Layout(width="100%", max_width="1000px"))
+    box.image = w.Image(format="png", layout=w.Layout(width=f"{DISPLAY_WIDTH}px", max_width="100%",
+                                                      height="auto"))
     lines = 1 + sum(1 + tl.ranks for tl in timelines)
     box.status = w.HTML(layout=w.Layout(min_height=f"{20 * lines + 10}px"))
     for widget, name in ((box, "player"), (box.play, "player-play"), (box.slider, "player-time"),
@@ -272,8 +301,11 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     def show(t: float) -> None:
         _draw_frame(box, t)
 
-    def on_frame(change) -> None:
-        show(box.frames[change["new"]])
+    box.drawn_key, box.full_draws = None, 0     # what the saved background shows; redraws
+    box.throttle = Throttle(lambda: show(box.frames[box.slider.value]))
+
+    def on_frame(_change) -> None:
+        box.throttle.request()
 
     box.show = show
     box.slider.observe(on_frame, names="value")
@@ -281,25 +313,101 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     show(box.frames[0])
 
 
+class Throttle:
+    """Calls `draw` (which draws the newest state) at most once per `gap` seconds after the last
+    draw ended: a request sooner than that is deferred on the kernel's event loop, and requests
+    that pile up meanwhile are answered by that one deferred draw (a dragged slider or a fast
+    play button sends more positions than a redraw can keep up with; the newest wins). Without
+    a running event loop (a script, a test) every request draws at once."""
+
+    def __init__(self, draw, gap: float = 0.05):
+        self.draw, self.gap = draw, gap
+        self.pending = None
+        self.last_end = float("-inf")
+
+    def request(self) -> None:
+        import asyncio
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            loop = None
+        if loop is None:
+            self._run()
+        elif self.pending is None:
+            wait = self.last_end + self.gap - time.perf_counter()
+            if wait <= 0:
+                self._run()
+            else:
+                self.pending = loop.call_later(wait, self._deferred)
+
+    def _deferred(self) -> None:
+        self.pending = None
+        self._run()
+
+    def _run(self) -> None:
+        try:
+            self.draw()
+        finally:
+            self.last_end = time.perf_counter()
+
+
 def _draw_frame(box, t: float) -> None:
-    """Move the cursor to t (first timeline's clock), re-dim the boxes, redraw the arrows."""
+    """Show time t (first timeline's clock): re-dim the boxes and redraw the arrows when what is
+    lit or in flight changed since the last frame, then draw the cursors and markers over."""
     import html
 
+    from . import plots
+
+    text = [f"<b>t = {t * plots._time_scale(box.timelines[0])[0]:.4g} {box.unit}</b>"]
+    state = []
+    for i, tl in enumerate(box.timelines):
+        local = t * box.factors[i]
+        running = running_at(tl, local)
+        flying = messages_in_flight(tl, local)
+        lit = {e for e in running.values() if e is not None}
+        state.append((lit, flying))
+        box.highlighted[i] = lit
+        if i in box.memory_axes:
+            scale, mem_scale = plots._time_scale(tl)[0], plots._memory_scale(tl)[0]
+            live = live_activations(tl, local)
+            box.markers[i].set_offsets([(local * scale, live[r] / mem_scale)
+                                        for r in range(tl.ranks)])
+        heading = box.headings[i] or "pipeline"
+        name = html.escape(heading if tl.source in heading else f"{heading} ({tl.source})")
+        text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
+        text += [html.escape(line) for line in status(tl, local)]
+    for i, cursor in box.cursors:
+        scale = plots._time_scale(box.timelines[i])[0]
+        cursor.set_xdata([t * box.factors[i] * scale] * 2)
+    key = [(frozenset(lit), tuple(flying)) for lit, flying in state]
+    if key != box.drawn_key:            # other boxes lit or arrows flying: a full redraw
+        _draw_background(box, t, state)
+        box.drawn_key = key
+        box.full_draws += 1
+    box.image.value = _blit(box)
+    box.time_label.value = text[0]
+    box.status.value = ("<div style='font-family: monospace; font-size: 12px; "
+                        "line-height: 20px; white-space: pre'>" + "<br>".join(text) + "</div>")
+
+
+def _moving(box) -> list:
+    """The artists that move every frame: the cursors and the memory markers."""
+    return [c for _, c in box.cursors] + list(box.markers.values())
+
+
+def _draw_background(box, t: float, state) -> None:
+    """Re-dim the boxes, redraw the arrows and render everything but the moving artists; keep
+    that picture for blitting."""
     from matplotlib.patches import FancyArrowPatch
     from . import plots
 
     for arrow in box.arrows:
         arrow.remove()
     box.arrows = []
-    text = [f"<b>t = {t * plots._time_scale(box.timelines[0])[0]:.4g} {box.unit}</b>"]
-    for i, tl in enumerate(box.timelines):
-        local = t * box.factors[i]
+    for i, (tl, (lit, flying)) in enumerate(zip(box.timelines, state)):
+        now = t * box.factors[i] + tl.start
         scale = plots._time_scale(tl)[0]
-        running = running_at(tl, local)
-        now = local + tl.start
         ax = box.gantt_axes[i]
-        lit = {e for e in running.values() if e is not None}
-        box.highlighted[i] = lit
         for event, label in ax.pipelab_labels.items():
             label.set_color("white" if event in lit else "#444444")
         for event, bar in ax.pipelab_bars.items():
@@ -322,32 +430,36 @@ def _draw_frame(box, t: float) -> None:
                 for overlay in overlays:
                     overlay.set_facecolor(_towards_white(overlay.pipelab_colour, fade))
         if box.messages:
-            for m in messages_in_flight(tl, local):
+            for m in flying:
                 arrow = FancyArrowPatch(((m.producer.end - tl.start) * scale, m.producer.rank),
                                         ((m.consumer.start - tl.start) * scale, m.consumer.rank),
                                         arrowstyle="-|>", mutation_scale=10, linewidth=1.3,
                                         color="black", zorder=8)
                 ax.add_patch(arrow)
                 box.arrows.append(arrow)
-        live = live_activations(tl, local)
-        if i in box.memory_axes:
-            mem_scale = plots._memory_scale(tl)[0]
-            box.markers[i].set_offsets([(local * scale, live[r] / mem_scale)
-                                        for r in range(tl.ranks)])
-        flying = messages_in_flight(tl, local)
-        heading = box.headings[i] or "pipeline"
-        name = html.escape(heading if tl.source in heading else f"{heading} ({tl.source})")
-        text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
-        text += [html.escape(line) for line in status(tl, local)]
-    for i, cursor in box.cursors:
-        scale = plots._time_scale(box.timelines[i])[0]
-        cursor.set_xdata([t * box.factors[i] * scale] * 2)
+    moving = _moving(box)
+    for artist in moving:
+        artist.set_visible(False)
+    canvas = box.figure.canvas
+    canvas.draw()
+    box.background = canvas.copy_from_bbox(box.figure.bbox)
+    for artist in moving:
+        artist.set_visible(True)
+
+
+def _blit(box) -> bytes:
+    """The saved background with the cursors and markers drawn over, as PNG bytes."""
+    from PIL import Image
+
+    canvas = box.figure.canvas
+    canvas.restore_region(box.background)
+    for artist in _moving(box):
+        artist.axes.draw_artist(artist)
+    width, height = canvas.get_width_height(physical=True)
+    picture = Image.frombuffer("RGBA", (width, height), canvas.buffer_rgba(), "raw", "RGBA", 0, 1)
     buffer = io.BytesIO()
-    box.figure.savefig(buffer, format="png")
-    box.image.value = buffer.getvalue()
-    box.time_label.value = text[0]
-    box.status.value = ("<div style='font-family: monospace; font-size: 12px; "
-                        "line-height: 20px; white-space: pre'>" + "<br>".join(text) + "</div>")
+    picture.save(buffer, format="png", compress_level=1)     # fast: a frame, not an archive
+    return buffer.getvalue()
 
 
 def _towards_white(rgba, share: float) -> tuple:

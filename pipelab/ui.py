@@ -6,6 +6,8 @@ height so that redrawing them does not make the page jump.
 """
 from __future__ import annotations
 
+import functools
+
 DESCRIPTION_WIDTH = "220px"
 CONTROL_WIDTH = "660px"
 
@@ -40,6 +42,178 @@ def output(min_height: str):
 
 def interact(function, **controls):
     """`ipywidgets.interact` for the workbook's notebooks: every chapter calls this one, so how an
-    interactive cell behaves (in JupyterLab, or headless under nbval and nbconvert) is decided here."""
+    interactive cell behaves (in JupyterLab, or headless under nbval and nbconvert) is decided here.
+
+    Controls are given as in ipywidgets (a widget, or an abbreviation such as `(0, 10)`). The
+    widget is displayed and the function drawn once with the controls' values; its output is
+    rendered in the kernel (`render`), so a headless executor has nothing to wait for. Returns
+    `function`, with the widget as `function.widget` (as ipywidgets does)."""
+    from IPython.display import display
+    widget = _interactive_class()(function, **controls)
+    display(widget)
+    try:
+        function.widget = widget
+    except AttributeError:           # a bound method or a builtin takes no attributes
+        pass
+    return function
+
+
+# --- interactive output that cannot hang a headless executor -----------------------------------
+#
+# ipywidgets' `interact` and `interactive_output` capture a function's output with `with out:`,
+# which asks the *front end* to route display messages into the Output widget. Headless
+# executors (nbclient, hence `jupyter nbconvert --execute`) mimic that front end: for every
+# captured output they send a comm message back to the kernel on the shell socket while another
+# task is blocked reading the execute reply from that same socket. Under load the reply's wake-up
+# is sometimes lost and the executor waits forever (nbclient issue #312) although the kernel is
+# idle. Here the function's outputs are collected in the kernel, in order, and set as the Output
+# widget's `outputs` state in one update: no display routing, nothing for a client to echo back,
+# and the same picture in JupyterLab (one update per redraw, so no flicker either).
+
+
+class _Stream:
+    """A file-like sink for sys.stdout / sys.stderr that appends stream outputs to `outputs`,
+    merging consecutive writes to the same stream."""
+
+    def __init__(self, name: str, outputs: list, echo=None):
+        self.name, self.outputs, self.echo = name, outputs, echo
+
+    def write(self, text: str) -> int:
+        if self.echo is not None:
+            self.echo.write(text)
+        if text:
+            last = self.outputs[-1] if self.outputs else None
+            if last is not None and last["output_type"] == "stream" and last["name"] == self.name:
+                last["text"] += text
+            else:
+                self.outputs.append({"output_type": "stream", "name": self.name, "text": text})
+        return len(text)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _jsonable(data: dict) -> dict:
+    """Display data as the Output widget's state holds it: bytes (a PNG) as base64 text."""
+    import base64
+    out = {}
+    for mime, value in data.items():
+        if isinstance(value, bytes):
+            value = base64.b64encode(value).decode("ascii") if mime.startswith("image/") \
+                else value.decode("utf-8", "replace")
+        out[mime] = value
+    return out
+
+
+def _publisher(outputs: list):
+    """A display publisher (IPython's DisplayPublisher API) appending display_data to `outputs`;
+    clear_output() empties them, as it would clear the widget."""
+    from IPython.core.displaypub import DisplayPublisher
+
+    class Collect(DisplayPublisher):
+        def publish(self, data, metadata=None, source=None, *, transient=None, update=False):
+            outputs.append({"output_type": "display_data", "data": _jsonable(data),
+                            "metadata": metadata or {}})
+
+        def clear_output(self, wait=False):
+            outputs.clear()
+
+    return Collect()
+
+
+def collect_outputs(function, *args, **kwargs) -> tuple[list[dict], object]:
+    """Call `function` and return (its outputs in order, as Output-widget output dicts; its
+    result). Prints, displays (inline matplotlib figures included) and an exception's traceback
+    are collected; nothing reaches the cell or the front end."""
+    import contextlib
+    import sys
+    import traceback
+
+    outputs: list[dict] = []
+    shell = _shell()
+    saved_pub = shell.display_pub if shell is not None else None
+    result = None
+    # Outside IPython there is no front end and no cell: the text also goes on to the real
+    # streams, as ipywidgets' Output passes it through there (scripts and tests read it).
+    echo_out, echo_err = (None, None) if shell is not None else (sys.stdout, sys.stderr)
+    with contextlib.redirect_stdout(_Stream("stdout", outputs, echo_out)), \
+            contextlib.redirect_stderr(_Stream("stderr", outputs, echo_err)):
+        if shell is not None:
+            shell.display_pub = _publisher(outputs)
+        try:
+            result = function(*args, **kwargs)
+            _flush_inline_figures()
+        except Exception as error:      # shown in the widget, as ipywidgets' interact shows it
+            if shell is not None:
+                lines = shell.InteractiveTB.structured_traceback(*sys.exc_info())
+            else:
+                lines = traceback.format_exception(error)
+            outputs.append({"output_type": "error", "ename": type(error).__name__,
+                            "evalue": str(error), "traceback": list(lines)})
+        finally:
+            if shell is not None:
+                shell.display_pub = saved_pub
+    return outputs, result
+
+
+def _shell():
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    return get_ipython()
+
+
+def _flush_inline_figures() -> None:
+    """Show figures the function made but did not show (what the inline backend would do at the
+    end of a cell), as ipywidgets' interact does."""
+    from ipywidgets.widgets.interaction import show_inline_matplotlib_plots
+    show_inline_matplotlib_plots()
+
+
+def text_of(out) -> str:
+    """The text an Output widget shows: its stdout and stderr outputs, in order."""
+    return "".join(o.get("text", "") for o in out.outputs if o.get("output_type") == "stream")
+
+
+def render(out, function, *args, **kwargs):
+    """Replace the Output widget `out`'s content with what `function(*args, **kwargs)` outputs;
+    return its result."""
+    outputs, result = collect_outputs(function, *args, **kwargs)
+    out.outputs = tuple(outputs)
+    return result
+
+
+def interactive_output(function, controls: dict):
+    """`ipywidgets.interactive_output` that cannot hang a headless run: an Output widget redrawn
+    with `function(**values)` now and whenever a control in `controls` ({name: widget}) moves."""
     import ipywidgets as w
-    return w.interact(function, **controls)
+    out = w.Output()
+
+    def redraw(_change=None) -> None:
+        _flush_inline_figures()           # figures of the cell itself go to the cell, not here
+        render(out, function, **{name: c.value for name, c in controls.items()})
+
+    for control_widget in controls.values():
+        control_widget.observe(redraw, names="value")
+    redraw()
+    return out
+
+
+@functools.cache
+def _interactive_class():
+    import ipywidgets as w
+
+    class Interactive(w.interactive):
+        """ipywidgets' `interactive` (controls built from abbreviations, then the output) whose
+        output is rendered kernel-side by `render`."""
+
+        def update(self, *args) -> None:
+            _flush_inline_figures()
+            self.kwargs = {c._kwarg: c.get_interact_value() for c in self.kwargs_widgets}
+            self.result = render(self.out, self.f, **self.kwargs)
+
+    return Interactive

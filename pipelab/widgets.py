@@ -126,7 +126,7 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
     def show_info(n_layers: int, d_model: int) -> None:
         print(describe(ModelConfig(n_layers=n_layers, d_model=d_model, n_heads=n_heads)))
 
-    info = w.interactive_output(show_info, {"n_layers": layers_slider, "d_model": width_slider})
+    info = ui.interactive_output(show_info, {"n_layers": layers_slider, "d_model": width_slider})
     info.add_class("pipelab-info")
     info.layout.min_height = "24px"
     plot = w.Output(layout=w.Layout(min_height="420px"))

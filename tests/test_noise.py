@@ -51,3 +51,72 @@ def test_bad_samples_refused(args):
 def test_bad_rounds_refused():
     with pytest.raises(ValueError, match="rounds"):
         noise.paired_rounds(lambda: 1.0, lambda: 1.0, rounds=0)
+
+
+def test_status_line_waits_rewrites_in_place_and_erases():
+    import io
+    import time
+    stream = io.StringIO()
+    line = noise.StatusLine(enabled=True, delay=0.05, every=0.0, stream=stream)
+    assert not line.update("too early") and stream.getvalue() == ""     # a quick run: nothing
+    time.sleep(0.06)
+    assert line.update("rank 0 at 3/8, a long line")
+    assert line.update("rank 0 at 5/8")                                  # shorter: padded
+    assert stream.getvalue() == "\rrank 0 at 3/8, a long line\rrank 0 at 5/8" + " " * 13
+    line.close()
+    assert stream.getvalue().endswith("\r" + " " * 13 + "\r")            # erased, cursor home
+    quiet = noise.StatusLine(enabled=False, delay=0.0, stream=stream)
+    before = stream.getvalue()
+    assert not quiet.update("x") and stream.getvalue() == before
+
+
+def test_status_line_rate_limit():
+    import io
+    stream = io.StringIO()
+    line = noise.StatusLine(enabled=True, delay=0.0, every=60.0, stream=stream)
+    assert line.update("first") and not line.update("second")
+    assert line.update("forced", force=True)
+
+
+def test_nobody_watches_plain_pytest():
+    assert noise.watched() is False           # stderr captured, no kernel: no status lines
+
+
+def test_cluster_status_says_where_each_rank_is():
+    import pipelab as pl
+    from pipelab.runtime.board import DONE, RUN, RankState
+    from pipelab.runtime.cluster import _status
+    from pipelab.runtime.spec import prepare_run
+    spec = prepare_run(pl.schedule("1f1b", ranks=2, microbatches=2), ranks=2,
+                       model=pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8))
+    states = [RankState(0, 0, 3, RUN, 0, 0.0), RankState(1, 0, 4, DONE, 0, 0.0)]
+    text = _status(spec, states, {}, 1.25)
+    assert text.startswith("1f1b: actions 3/4 done · 1.2 s · load "), text
+
+
+def test_a_live_run_records_the_load_it_ran_at(clusters, monkeypatch):
+    import itertools
+
+    import pipelab as pl
+    readings = itertools.count(1.5)             # 1.5 when sent, 2.5 when back
+    monkeypatch.setattr(noise, "load_average", lambda: next(readings))
+    cfg = pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8)
+    res = clusters(2).run(pl.schedule("gpipe", ranks=2, microbatches=2), model=cfg)
+    assert res.load == (1.5, 2.5) and res.summary()["load"] == (1.5, 2.5)
+    assert res.load_line.startswith("measured at load average 1.50 → 2.50 on ")
+    assert repr(res).splitlines()[-1] == res.load_line
+
+
+def test_the_replay_charges_each_action_its_least_inflated_step(clusters):
+    import pipelab as pl
+    cfg = pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8)
+    res = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=2), model=cfg, steps=3)
+    readings: dict = {}
+    for tl in res.timelines:                    # every step's measured CPU time per action
+        for e in tl.events:
+            readings.setdefault(e.action, []).append(e.cpu)
+    assert all(len(r) == 3 for r in readings.values())
+    replayed = {e.action: e.duration for e in res.replay.events}
+    assert replayed.keys() == readings.keys()
+    for action, cpu in readings.items():
+        assert replayed[action] == pytest.approx(min(cpu), rel=1e-9, abs=1e-12)

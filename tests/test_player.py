@@ -237,3 +237,76 @@ def test_player_titles_one_per_timeline():
     assert shown == ["first", "first", "second", "second"]
     assert b.title == "own"                   # the timelines themselves are left alone
     assert "second (simulated)" in box.status.value and "own (" not in box.status.value
+
+
+@pytest.mark.parametrize("frames", [60, 150, 399, 2000])
+def test_play_goes_through_any_timeline_in_ten_to_twenty_seconds(frames):
+    from pipelab.player import playback
+    first, step, interval = playback(frames)
+    moves = (frames - 1 - first) / step
+    assert moves == int(moves) and first < step            # the steps land on the last frame
+    assert 10 <= moves * interval / 1000 <= 20
+    assert interval >= 100                                  # a redraw has time to finish
+
+
+def test_player_renders_at_display_size_and_plays_by_steps():
+    import struct
+    from pipelab.player import DISPLAY_WIDTH
+    long = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=32), COMM)
+    box = pl.explorer.player(long, memory=False)
+    width, _height = struct.unpack(">II", box.image.value[16:24])     # the PNG header
+    assert width == DISPLAY_WIDTH and box.image.layout.width == f"{DISPLAY_WIDTH}px"
+    assert len(box.frames) > 300 and box.play.step > 1
+    played = (box.play.max - box.play.min) / box.play.step * box.play.interval / 1000
+    assert 10 <= played <= 20
+
+
+def test_a_frame_inside_the_same_actions_only_moves_the_cursor(one_f):
+    import io
+
+    import numpy as np
+    from PIL import Image
+    box = pl.explorer.player(one_f)
+
+    def state(t):
+        return ({e for e in running_at(one_f, t).values() if e}, messages_in_flight(one_f, t))
+    # the longest stretch of time with the same boxes running and the same messages flying
+    times = [k / 20 for k in range(int(one_f.makespan * 20))]
+    runs, start = [], times[0]
+    for before, after in zip(times, times[1:]):
+        if state(after) != state(before):
+            runs.append((start, before))
+            start = after
+    a, b = max(runs, key=lambda run: run[1] - run[0])
+    assert b - a >= 0.5
+    box.show(a)
+    draws, before = box.full_draws, box.image.value
+    box.show(b)                         # the same boxes run, the same messages fly
+    assert box.full_draws == draws and box.image.value != before
+    # the blitted picture is what a full render of the same state shows (no cursor trail)
+    blitted = np.asarray(Image.open(io.BytesIO(box.image.value)).convert("RGB"), dtype=int)
+    buffer = io.BytesIO()
+    box.figure.savefig(buffer, format="png", dpi=box.figure.dpi)
+    full = np.asarray(Image.open(buffer).convert("RGB"), dtype=int)
+    assert blitted.shape == full.shape
+    assert (np.abs(blitted - full).max(axis=2) > 40).mean() < 1e-4
+    box.show(11.2)                      # other boxes: a full redraw
+    assert box.full_draws == draws + 1
+
+
+def test_throttle_draws_the_newest_state_once_the_burst_is_over():
+    import asyncio
+    from pipelab.player import Throttle
+    drawn, state = [], {"value": 0}
+    throttle = Throttle(lambda: drawn.append(state["value"]), gap=0.05)
+
+    async def burst():
+        for value in range(1, 8):       # seven slider positions in quick succession
+            state["value"] = value
+            throttle.request()
+        await asyncio.sleep(0.2)
+
+    asyncio.run(burst())
+    assert drawn == [1, 7]              # the first at once, then only the newest
+    throttle.request()                  # outside an event loop: at once
+    assert drawn == [1, 7, 7]

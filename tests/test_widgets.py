@@ -136,3 +136,54 @@ def test_plot_partitions_and_the_basis_toggle(capsys):
     with pytest.raises(ValueError, match="same partitions"):
         pl.explorer.basis_toggle({"a": flops, "b": {"cost": flops["cost"]}})
     plt.close("all")
+
+
+def test_interactive_output_keeps_the_outputs_in_the_widget_state():
+    import ipywidgets as w
+    slider = w.IntSlider(value=1, min=0, max=3)
+
+    def draw(x: int) -> None:
+        print(f"x is {x}")
+        if x == 3:
+            raise ValueError("three is refused")
+        print("end", file=__import__("sys").stderr)
+
+    out = ui.interactive_output(draw, {"x": slider})
+    assert [(o["output_type"], o.get("name")) for o in out.outputs] == [("stream", "stdout"),
+                                                                         ("stream", "stderr")]
+    assert ui.text_of(out) == "x is 1\nend\n"
+    slider.value = 2                       # the view is replaced, not appended to
+    assert ui.text_of(out) == "x is 2\nend\n"
+    slider.value = 3                       # an exception is shown in the widget, not raised
+    assert ui.text_of(out) == "x is 3\n"
+    assert out.outputs[-1]["output_type"] == "error" and "three is refused" in out.outputs[-1]["evalue"]
+
+
+def test_ui_interact_gives_a_headless_executor_nothing_to_wait_for():
+    """nbclient (jupyter nbconvert --execute) mimics the Output widget: for each output routed
+    into it with `with out:` it sends a message back to the kernel on the shell socket while it
+    waits for the execute reply there, and under load it can miss that reply forever. ui.interact
+    renders in the kernel: no output is routed, so the client registers no output hook."""
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.v4.new_notebook()
+    plot = ("def show(x=2):\n    print(f'value {x}')\n    plt.plot([0, x]); plt.show()\n")
+    nb.cells = [nbformat.v4.new_code_cell(src) for src in (
+        "%matplotlib inline\nimport matplotlib.pyplot as plt\nimport ipywidgets\n"
+        "from pipelab import ui\n" + plot,
+        "ipywidgets.interact(show, x=(0, 4));",
+        "ui.interact(show, x=(0, 4));")]
+    client = NotebookClient(nb, timeout=120, kernel_name="python3")
+    hooks: list[int] = []
+    register = client.register_output_hook
+    client.register_output_hook = lambda msg_id, hook: (hooks.append(cell), register(msg_id, hook))
+    with client.setup_kernel():
+        for cell, source in enumerate(nb.cells):
+            client.execute_cell(source, cell)
+    assert 1 in hooks                      # the mechanism is seen: ipywidgets routes its output
+    assert 2 not in hooks                  # ...and ui.interact does not
+    outputs = [state["outputs"] for state in client.widget_state.values()
+               if state.get("_model_name") == "OutputModel" and state.get("outputs")]
+    ours = outputs[-1]                     # the widget state of ui.interact's view
+    assert ours[0] == {"output_type": "stream", "name": "stdout", "text": "value 2\n"}
+    assert "image/png" in ours[1]["data"]

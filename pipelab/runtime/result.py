@@ -22,7 +22,8 @@ class RunResult:
     """Timelines of the last training step; losses and gradient check of the first.
 
     `timeline` is measured wall-clock time; `replay` re-runs the schedule in the simulator with
-    each action's measured CPU time (what p dedicated cores would show); `simulated` uses one
+    each action's measured CPU time (what p dedicated cores would show; with `steps` > 1 the
+    smallest of its steps' readings, the one other processes inflated least); `simulated` uses one
     median cost per stage and kind (the textbook model). The first step is the one compared with
     the unsplit model, because every later step starts from weights that already went through
     two different (equally valid) float orders.
@@ -61,6 +62,18 @@ class RunResult:
     tp_all_reduces: dict[int, list] = field(default_factory=dict)
     # MoE models: per step, tokens each expert was sent and dropped, per microbatch and layer
     routing: list = field(default_factory=list)
+    # The machine's 1-minute load average when the run was sent and when it came back: a
+    # measured (wall-clock) figure means little without it on a shared machine.
+    load: tuple[float, float] | None = None
+
+    @property
+    def load_line(self) -> str:
+        """"measured at load average 2.31 → 2.40 on 2 cores" (what every live figure needs)."""
+        import os
+        if self.load is None:
+            return "load average not recorded"
+        before, after = self.load
+        return f"measured at load average {before:.2f} → {after:.2f} on {os.cpu_count()} cores"
 
     @property
     def mesh(self):
@@ -155,7 +168,8 @@ class RunResult:
                 "max_grad_error": self.max_grad_error, "loss_history": self.loss_history,
                 "peak_activation_bytes": self.peak_activations, "recv_wait": self.recv_wait,
                 "send_buffer_peak": self.send_buffer_peak,
-                "comm_latency": self.comm_latency, "wall_time": self.wall_time}
+                "comm_latency": self.comm_latency, "wall_time": self.wall_time,
+                "load": self.load}
 
     def _views(self) -> list[Timeline]:
         return [self.timeline, self.replay, self.simulated]
@@ -196,6 +210,7 @@ class RunResult:
         lines.append(f"message latency {self.comm_latency * 1e6:.0f} us (median, measured); "
                      f"the whole run took {self.wall_time:.3f} s as seen by the caller "
                      f"(commands, all steps, results)")
+        lines.append(self.load_line)
         return "\n".join(lines)
 
     def __repr__(self) -> str:
@@ -243,6 +258,20 @@ def _collectives_own_time(reports: list[dict]) -> None:
             rep["steps"][k]["actions"] = [
                 (i, item, w, start, end, max(end - latest[item], 0.0) if item in latest else cpu, mem)
                 for i, item, w, start, end, cpu, mem in rep["steps"][k]["actions"]]
+
+
+def replay_costs(reports: list[dict]) -> dict:
+    """Each action's cost for the replay: its smallest CPU time over the run's steps.
+
+    Other processes on the machine only ever add to an action's CPU time (they evict its cache,
+    share its core's pipeline, lower the clock), so the smallest reading of the same action is
+    the least inflated one; with one step it is that step's reading."""
+    cpu: dict = {}
+    for rep in reports:
+        for step in rep["steps"]:
+            for _i, action, _w, _s, _e, c, _m in step["actions"]:
+                cpu[action] = min(c, cpu.get(action, c))
+    return cpu
 
 
 def _latency(reports: list[dict], k: int) -> float:
@@ -380,7 +409,7 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                 whole.events_of(p), sched.ranks, source="measured",
                 memory={p: whole.memory.get(p, [])}, memory_unit="bytes",
                 title=f"{sched.name}: pp {p} / dp {d}", schedule=sched)
-    cpu = {a: c for rep in reports for _i, a, _w, _s, _e, c, _m in rep["steps"][last]["actions"]}
+    cpu = replay_costs(reports)
     comm = _latency(reports, last)
     i_frees = _i_frees(reports, last)
     fitted = Costs.fit(timelines[-1], sched.stages, comm)
@@ -411,7 +440,8 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                                              for rep in reports},
                        tp_all_reduces={rep["rank"]: [(part, s - t0, e - t0, what) for part, s, e, what
                                                      in rep["steps"][last].get("tp", ())]
-                                       for rep in reports})
+                                       for rep in reports},
+                       load=next((rep["load"] for rep in every if "load" in rep), None))
     if any("versions" in rep for rep in reports):
         from .versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
