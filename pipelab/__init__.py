@@ -12,7 +12,7 @@ from .train import evaluate, sample, train
 from .partition import Partition, measure_layer_times, partition
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 from .parallel import Mesh, allreduce_time, with_data_parallel
-from . import memory, recompute
+from . import memory, noise, recompute
 from .recompute import with_recompute
 from .calibrate import Calibration, calibrate
 from .plan import Candidate, Plan, plan
@@ -25,6 +25,6 @@ __all__ = [
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
-    "Mesh", "allreduce_time", "with_data_parallel", "memory", "recompute", "with_recompute",
+    "Mesh", "allreduce_time", "with_data_parallel", "memory", "noise", "recompute", "with_recompute",
     "Calibration", "calibrate", "Candidate", "Plan", "plan",
 ]

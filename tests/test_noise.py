@@ -24,9 +24,15 @@ def test_rounds_that_disagree_are_not_resolvable():
 
 
 def test_one_outlier_round_does_not_decide():
-    # Four rounds say A is 30% faster; one burst of load flips the fifth: still resolved.
-    v = noise.verdict([1.0] * 5, [1.3, 1.3, 1.3, 1.3, 0.5], ("A", "B"))
+    # Six rounds say A is 30% faster; one burst of load flips the seventh: still resolved.
+    v = noise.verdict([1.0] * 7, [1.3, 1.3, 1.3, 1.3, 1.3, 1.3, 0.5], ("A", "B"))
     assert v.faster == "A"
+
+
+def test_below_seven_rounds_every_round_must_agree():
+    # Four of five rounds agree, but with five rounds none is dropped: not resolved.
+    v = noise.verdict([1.0] * 5, [1.3, 1.3, 1.3, 1.3, 0.5], ("A", "B"))
+    assert v.faster is None
 
 
 def test_effect_inside_the_margin_is_not_claimed():
