@@ -39,6 +39,17 @@ from pipelab.parallel import tensor_view
 LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
 
 
+def race(cfg, args, link=None) -> dict:
+    """The three contenders live on a 2 × 2 grid (2 stages × 2 tensor shards), one run each."""
+    runs = {}
+    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
+        for label, name in LIVE.items():
+            s = pl.schedule(name, ranks=2, microbatches=args.microbatches)
+            runs[label] = cluster.run(s, model=cfg, tensor_parallel=2, steps=args.steps,
+                                      link=link, progress=False)
+    return runs
+
+
 def unit_costs(res) -> tuple[pl.Costs, float]:
     """(F, I, W medians per chunk, compute only) and T_AR per pass, from a live run's last step."""
     waited: dict = {}
@@ -76,12 +87,7 @@ def main() -> None:
     print(f"load average {load_average(1)} on {os.cpu_count()} cores; "
           f"model d={cfg.d_model}, {cfg.n_layers} blocks; 2 ranks × 2 shards, "
           f"m={args.microbatches}")
-    runs = {}
-    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
-        for label, name in LIVE.items():
-            s = pl.schedule(name, ranks=2, microbatches=args.microbatches)
-            runs[label] = cluster.run(s, model=cfg, tensor_parallel=2, steps=args.steps,
-                                      progress=False)
+    runs = race(cfg, args)
     print(f"\n{'schedule':8}{'measured ms':>13}{'replayed ms':>13}{'TP all-reduce ms':>18}"
           f"{'max grad err':>14}")
     for label, res in runs.items():
@@ -129,12 +135,7 @@ def link_race(cfg: pl.ModelConfig, args, t_f: float) -> None:
     link, t_ar = link_for(cfg, args, t_f)
     print(f"\nPart 3: the race on an emulated {link} (T_AR {t_ar * 1e3:.2f} ms per pass = "
           f"{t_ar / t_f:.2f} × T_F {t_f * 1e3:.2f} ms); {load_average(1)} load average at start")
-    runs = {}
-    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
-        for label, name in LIVE.items():
-            s = pl.schedule(name, ranks=2, microbatches=args.microbatches)
-            runs[label] = cluster.run(s, model=cfg, tensor_parallel=2, steps=args.steps,
-                                      link=link, progress=False)
+    runs = race(cfg, args, link)
     print(f"{'schedule':8}{'measured ms':>13}{'replayed ms':>13}{'simulated ms':>14}"
           f"{'max grad err':>14}   (measured: median of the steps after the first)")
     figures = {}

@@ -252,18 +252,25 @@ def test_player_and_predict_in_browser(lab, page):
     _checked(_check_teaching_widgets, lab, page, "teach")
 
 
+def _run_beside_file_browser(lab, page, name: str, cells) -> None:
+    """Write a notebook, run it all, and open the file browser: the notebook then gets ~1,000 px,
+    as a reader's screen would give it."""
+    from playwright.sync_api import expect
+
+    name = _write_notebook(lab.log.parent / "notebooks", name, cells)
+    _open_and_run(page, lab, name)
+    if not page.locator(".jp-FileBrowser").is_visible():
+        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
+    expect(page.locator(".jp-FileBrowser")).to_be_visible()
+
+
 def _check_teaching_widgets(lab, page) -> None:
     from playwright.sync_api import expect
 
     import pipelab as pl
     from pipelab.player import frame_times, status
 
-    name = _write_notebook(lab.log.parent / "notebooks", "teach_widgets.ipynb", TEACH_CELLS)
-    _open_and_run(page, lab, name)
-    # The file browser open: the notebook gets ~1,000 px, as a reader's screen would give it.
-    if not page.locator(".jp-FileBrowser").is_visible():
-        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
-    expect(page.locator(".jp-FileBrowser")).to_be_visible()
+    _run_beside_file_browser(lab, page, "teach_widgets.ipynb", TEACH_CELLS)
 
     tl = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=8), pl.Costs(comm=0.5))
     frames = frame_times([tl])
@@ -359,11 +366,7 @@ def _check_later_chapter(lab, page) -> None:
     from pipelab.compare import simulate_named
     from pipelab.player import frame_times, status
 
-    name = _write_notebook(lab.log.parent / "notebooks", "later_widgets.ipynb", LATER_CELLS)
-    _open_and_run(page, lab, name)
-    if not page.locator(".jp-FileBrowser").is_visible():
-        page.locator(".jp-SideBar [data-id='filebrowser']").first.click()
-    expect(page.locator(".jp-FileBrowser")).to_be_visible()
+    _run_beside_file_browser(lab, page, "later_widgets.ipynb", LATER_CELLS)
 
     # The player over a V-shaped, two-chunk schedule with overlapped pairs.
     tl = simulate_named("dualpipe-v", 4, 8, pl.Costs())
