@@ -12,7 +12,7 @@ schedule's `R` action (`1R3`: recompute stage 1's forward of microbatch 3) runs 
 its stage and microbatch again from its checkpoint and fills the slots, so the backward that
 follows finds the very graph the forward built, with bit-identical tensors in it: gradients are
 exact. `R` is placed right before its backward (`with_recompute`), or anywhere earlier on the
-same rank after its `F` (a bubble, as in Lynx, arXiv 2503.17814; `with_recompute(...,
+same rank after its `F` (a bubble, as in Lynx, Chen et al., arXiv 2406.08756; `with_recompute(...,
 placement="early")` finds such places, recompute_placement.py) — the validator holds it to
 that, because the backward's "saved activations" come from the `R`. With the I/W split, `R`
 runs once, before `I`; `W` reads what `I` left and never recomputes.

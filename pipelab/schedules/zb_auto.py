@@ -1,6 +1,6 @@
 """zb-auto: a zero-bubble schedule built from measured costs under a memory limit (Qi et al.,
 "Zero Bubble Pipeline Parallelism", ICLR 2024, arXiv 2401.10241, §3 — the authors' heuristic,
-rewritten here from its description in shared/papers/zb_auto.md).
+rewritten here in our own words from the paper and the authors' code).
 
 ZB-H1 and ZB-H2 are drawn for F = I = W. With a measured table (F, I, W per stage, message
 latency `comm`) and a per-rank memory limit, a greedy list scheduler does better: it places
@@ -16,8 +16,9 @@ every wait with weight-gradient passes (W), which nobody waits for.
     tail         the W's still owed, in microbatch order
 
 Three yes/no choices steer the greedy (a bubble before the first I; letting a stage skip a
-forward so its I is not late; filling a partial gap with a W that overruns it); all eight are
-tried and the schedule with the shortest longest per-rank span wins (the paper's objective:
+forward so its I is not late; filling a partial gap with a W that overruns it). The paper
+describes two such choices; the authors' code (sail-sg/zero-bubble-pipeline-parallelism) has
+these three, and this follows the code. All eight combinations are tried and the schedule with the shortest longest per-rank span wins (the paper's objective:
 end of a rank's last W − start of its first F), ties going to the shorter wall-clock step.
 
 Memory, in `peak_activations()`'s units (one microbatch's activations of one stage): F adds 1,
