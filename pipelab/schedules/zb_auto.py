@@ -18,8 +18,9 @@ every wait with weight-gradient passes (W), which nobody waits for.
 Three yes/no choices steer the greedy (a bubble before the first I; letting a stage skip a
 forward so its I is not late; filling a partial gap with a W that overruns it). The paper
 describes two such choices; the authors' code (sail-sg/zero-bubble-pipeline-parallelism) has
-these three, and this follows the code. All eight combinations are tried and the schedule with the shortest longest per-rank span wins (the paper's objective:
-end of a rank's last W − start of its first F), ties going to the shorter wall-clock step.
+these three, and this follows the code. All eight combinations are tried and the schedule
+with the shortest longest per-rank span wins (the paper's objective: end of a rank's last W −
+start of its first F), ties going to the shorter wall-clock step.
 
 Memory, in `peak_activations()`'s units (one microbatch's activations of one stage): F adds 1,
 I frees `i_frees` of it, W the rest; only forwards are held back to respect `memory_limit`.
