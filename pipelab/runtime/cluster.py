@@ -17,8 +17,8 @@ import weakref
 
 from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
-from .calls import CallResults
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC
+from .calls import CallResults
 from .errors import WorkerError
 from .pool import POLL, WorkerPool, death
 from .result import RunResult, assemble
