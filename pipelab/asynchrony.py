@@ -120,28 +120,27 @@ def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
     controls = {"ranks": ui.slider("int", "ranks (p)", value=ranks, min=2, max=6),
                 "per": ui.slider("int", "microbatches per update (m)", value=per, min=2, max=8),
                 "batches": ui.slider("int", "batches", value=batches, min=2, max=5)}
-    out = ui.output("900px")
 
     def draw(ranks: int, per: int, batches: int) -> None:
-        with out:
-            out.clear_output(wait=True)
-            if per < ranks:
-                print(f"2BW needs m ≥ p (here m = {per} < p = {ranks}): the update of batch b "
-                      f"must be made before batch b+2 enters, or two versions are not enough.")
-                return
-            scheds = training_schedules(ranks, batches, per)
-            tls = [simulate(s, Costs(F=1, I=1, W=1)) for s in scheds.values()]
-            names = list(scheds)
-            print("  ".join(f"{n}: makespan {tl.makespan:g}, versions per stage "
-                            f"{list(version_plan(s).max_versions(s).values())}"
-                            for n, s, tl in zip(names, scheds.values(), tls)))
-            compare(tls, titles=[f"{n}, p={ranks}, {batches}×{per} microbatches" for n in names])
-            plt.show()
-            plot_versions(tls[1:], titles=[f"{n}: weight versions per stage" for n in names[1:]])
-            plt.show()
+        if per < ranks:
+            print(f"2BW needs m ≥ p (here m = {per} < p = {ranks}): the update of batch b "
+                  f"must be made before batch b+2 enters, or two versions are not enough.")
+            return
+        scheds = training_schedules(ranks, batches, per)
+        tls = [simulate(s, Costs(F=1, I=1, W=1)) for s in scheds.values()]
+        names = list(scheds)
+        print("  ".join(f"{n}: makespan {tl.makespan:g}, versions per stage "
+                        f"{list(version_plan(s).max_versions(s).values())}"
+                        for n, s, tl in zip(names, scheds.values(), tls)))
+        compare(tls, titles=[f"{n}, p={ranks}, {batches}×{per} microbatches" for n in names])
+        plt.show()
+        plot_versions(tls[1:], titles=[f"{n}: weight versions per stage" for n in names[1:]])
+        plt.show()
 
+    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
+    out.layout.min_height = "900px"
     box = w.VBox(list(controls.values()) + [out])
-    w.interactive_output(draw, controls)
+    box.controls, box.out = controls, out
     display(box)
     return box
 

@@ -19,6 +19,7 @@ so a notebook asserts on exactly the numbers it shows.
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 from statistics import median
 from typing import Sequence
@@ -228,13 +229,18 @@ def schedule_table(ranks: int, microbatches: int, rank_costs: Costs | None = Non
     return rows
 
 
+REFUSAL_CUT = 60        # characters of a refusal a table row keeps
+
+
 def format_table(rows: list[dict], *, per_rank: bool = False) -> str:
     """`schedule_table` rows as aligned text; `per_rank` adds every rank's peak activations."""
     lines = [f"{'schedule':<18}{'v':>3}{'makespan':>10}{'span':>8}{'bubble':>9}{'peak':>7}"
              f"{'rank 0':>8}{'weights':>8}{'per c':>7}" + ("   peak per rank" if per_rank else "")]
     for r in rows:
         if r.get("error"):
-            lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {r['error'][:60]}…)")
+            # Cut between words (a message of several lines becomes one).
+            reason = textwrap.shorten(str(r["error"]), REFUSAL_CUT, placeholder=" …")
+            lines.append(f"{r['name']:<18}{r['chunks']:>3}   (refused: {reason})")
             continue
         lines.append(f"{r['name']:<18}{r['chunks']:>3}{r['makespan']:>10.4g}{r['span']:>8.4g}"
                      f"{r['bubble']:>9.1%}{r['peak']:>7.3g}{r['peak_first']:>8.3g}"

@@ -47,10 +47,11 @@ def _slider_box(controls: dict, draw, min_height: str = "520px"):
     refused setting prints one line instead of the charts: the page must not jump)."""
     import ipywidgets as w
     from IPython.display import display
-    out = w.interactive_output(draw, controls)
+    from . import ui
+    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
     out.layout.min_height = min_height
     box = w.VBox([*controls.values(), out])
-    box.controls = controls
+    box.controls, box.out = controls, out
     display(box)
     return box
 
@@ -61,6 +62,7 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
     interleaved 1F1B simulated for the same model on one time axis, with the crossover."""
     import matplotlib.pyplot as plt
     from . import ui
+    from .explorer import refusal
     from .plots import compare as compare_plot
     controls = {
         "chunks": ui.slider("int", "chunks per rank v", value=chunks, min=1, max=4),
@@ -76,7 +78,7 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
             plain = simulate_named("1f1b", ranks, microbatches, costs)
             inter = simulate_named("interleaved-1f1b", ranks, microbatches, costs, chunks=chunks)
         except ValueError as error:
-            print(f"refused: {error}")
+            print(refusal(error))
             return
         compare_plot([plain, inter], titles=["1F1B", f"interleaved 1F1B, v={chunks}"])
         plt.show()
@@ -107,12 +109,13 @@ def against_1f1b(name: str, ranks: int, microbatches: int, costs: Costs, memory:
     one above the other; (1F1B's timeline, the schedule's), or None (one line printed) when
     the schedule refuses these settings."""
     import matplotlib.pyplot as plt
+    from .explorer import refusal
     from .plots import compare as compare_plot
     try:
         base = simulate_named("1f1b", ranks, microbatches, costs)
         tl = simulate_named(name, ranks, microbatches, costs)
     except ValueError as error:
-        print(f"refused: {error}")
+        print(refusal(error))
         return None
     compare_plot([base, tl], titles=["1F1B", name], memory=memory)
     plt.show()

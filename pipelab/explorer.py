@@ -171,7 +171,20 @@ class LiveComparison(dict):
             times = [r.timeline.makespan * 1e3 for r in results]
             lines.append(f"{name:<20}{statistics.median(times):12.2f}{min(times):9.2f}"
                          f"{max(times):9.2f}   " + " ".join(f"{t:.1f}" for t in times))
+        lines.append(self.load_line)
         return "\n".join(lines)
+
+    @property
+    def load_line(self) -> str:
+        """The load the rounds ran at: the lowest and highest 1-minute load average seen as a
+        run was sent or came back (measured milliseconds mean little without it)."""
+        import os
+        results = [r for rounds in self.runs.values() for r in rounds]
+        seen = [x for r in results if getattr(r, "load", None) is not None for x in r.load]
+        if not seen:
+            return "load average not recorded"
+        return (f"measured at load average {min(seen):.2f} to {max(seen):.2f} over "
+                f"{len(results)} runs on {os.cpu_count()} cores")
 
 
 def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **run_kwargs):

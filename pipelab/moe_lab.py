@@ -158,10 +158,10 @@ def routing_explorer(cfg: ModelConfig, rows: int = 8, expert_parallel: int = 2):
               f"({r.dropped_tokens() / total:.1%}); all-to-all per forward over "
               f"{expert_parallel} processes: {all_to_all_bytes(r, cfg.d_model, expert_parallel) / 1024:.1f} KiB")
 
-    out = w.interactive_output(draw, controls)
+    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
     out.layout.min_height = "360px"
     box = w.VBox(list(controls.values()) + [out])
-    box.controls = controls
+    box.controls, box.out = controls, out
     display(box)
     return box
 

@@ -51,6 +51,7 @@ def planner_explorer(calibrate_model, *, devices: int = 4, budget_mib: float = 1
 
     from . import ui
     from .compare import _slider_box
+    from .explorer import refusal
     controls = {
         "devices": ui.slider("int", "devices", value=devices, min=1, max=16),
         "budget": ui.slider("float", "memory per device (MiB)", value=budget_mib, min=1.0,
@@ -65,7 +66,7 @@ def planner_explorer(calibrate_model, *, devices: int = 4, budget_mib: float = 1
                      memory_per_device=int(budget * MiB), batch_size=batch_size,
                      calibration=calibrate_model(layers))
         except ValueError as error:
-            print(f"refused: {error}")
+            print(refusal(error))
             return
         plot_frontier(p)
         plt.show()

@@ -228,32 +228,51 @@ class Workbench:
         self.status.value = f"<span style='color:#555'>⏳ checking: {step}…</span>"
 
     def check(self) -> Attempt:
-        import matplotlib.pyplot as plt
-        from . import plots
-        # Clear at once (not wait=True, which keeps the old verdict until new output arrives,
-        # i.e. for the whole live run) and say that a check is under way.
+        """Check the text: the verdict in the status line, the pictures and the report below it.
+        An unexpected error (not a mistake in the text) is shown there too, then raised."""
+        from . import ui
+        # Clear at once (the last verdict must not stand while a live run takes seconds) and
+        # say that a check is under way. Setting `outputs` clears in the kernel; the widget's
+        # own clear_output() would route through the front end, which can hang a headless run.
         self._say("starting")
         self.output.outputs = ()
-        self.output.clear_output()
         self.check_button.disabled = True
+        failure: list[Exception] = []
+
+        def check_and_show() -> Attempt:
+            try:
+                return self._check_and_show()
+            except Exception as error:
+                failure.append(error)
+                raise
+
         try:
-            with self.output:
-                att = attempt(self.text.value, self.exercise, cluster=self.cluster,
-                              model=self.model, seed=self.seed, progress=self._say)
+            # Rendered in the kernel and shown in one update (ui.render): notebook 13 calls
+            # check() in a cell, and nbconvert/nbval must not wait on an Output-widget echo.
+            att = ui.render(self.output, check_and_show)
         finally:
             self.check_button.disabled = False
+        if failure:
+            self.status.value = "<span style='color:#c62828'>✘ the check failed: see below</span>"
+            raise failure[0]
+        return att
+
+    def _check_and_show(self) -> Attempt:
+        import matplotlib.pyplot as plt
+        from . import plots
+        att = attempt(self.text.value, self.exercise, cluster=self.cluster,
+                      model=self.model, seed=self.seed, progress=self._say)
         self.last = att
         self.status.value = ("<span style='color:#2e7d32'>✔ passed</span>" if att.passed else
                              "<span style='color:#c62828'>✘ not yet: see below</span>")
-        with self.output:
-            if att.simulated is not None:
-                panels, titles = [att.simulated], ["your schedule — simulated (exercise costs)"]
-                if att.run is not None:
-                    panels.append(att.run.timeline)
-                    titles.append("your schedule — measured live")
-                plots.compare(panels, titles=titles, memory=True, share=False)
-                plt.show()
-            print(att.report())
+        if att.simulated is not None:
+            panels, titles = [att.simulated], ["your schedule — simulated (exercise costs)"]
+            if att.run is not None:
+                panels.append(att.run.timeline)
+                titles.append("your schedule — measured live")
+            plots.compare(panels, titles=titles, memory=True, share=False)
+            plt.show()
+        print(att.report())
         return att
 
     def show_solution(self) -> None:

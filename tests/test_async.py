@@ -201,3 +201,25 @@ def test_race_pairs_each_rounds_wall_clock_and_replay():
     assert wall.a == (1.0, 4.0, 5.0) and wall.b == (3.0, 4.5, 9.0)
     assert replayed.a == (2.0, 8.0, 10.0) and replayed.b == (2.0, 3.0, 6.0)
     assert replayed.load == wall.load and replayed.margin == wall.margin == 0.2
+
+
+def test_async_explorer_draws_in_the_kernel_not_through_output_capture(monkeypatch):
+    """The explorer's output is rendered kernel-side (ui.render): routing it through the Output
+    widget (`with out:`) can hang a headless executor, so any such use fails here."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import ui
+    from pipelab.asynchrony import async_explorer
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    box = async_explorer(ranks=4, per=4, batches=2)
+    assert not [o for o in box.out.outputs if o["output_type"] == "error"]
+    assert "pipedream-2bw: makespan" in ui.text_of(box.out)
+    box.controls["per"].value = 2               # m < p: one sentence replaces the charts
+    assert ui.text_of(box.out).startswith("2BW needs m ≥ p (here m = 2 < p = 4)")
+    assert "makespan" not in ui.text_of(box.out)
+    plt.close("all")

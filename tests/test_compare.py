@@ -286,3 +286,49 @@ def test_latency_sweep_rows():
     big = compare.latency_sweep(6, 16, [0.5], backward_ratio=3.0, names=["gpipe", "1f1b"])
     assert (big[0]["gpipe"], big[0]["1f1b"]) == (89, 101)
     assert set(compare.latency_sweep(2, 2, [0.0], names=["zb-h1"])[0]) == {"c", "zb-h1"}
+
+
+def test_format_table_cuts_a_long_refusal_between_words():
+    words = "needs microbatches that are a multiple of the ranks times the chunks per rank here"
+    row = {"name": "x", "chunks": 2, "error": "interleaved-1f1b " + words}
+    shown = compare.format_table([row]).splitlines()[1].split("(refused: ")[1].rstrip(")")
+    assert shown.endswith(" …") and len(shown) <= compare.REFUSAL_CUT
+    assert row["error"].startswith(shown[:-2]) and row["error"][len(shown) - 2] == " "
+    short = {"name": "y", "chunks": 1, "error": "needs m >= p"}
+    assert "(refused: needs m >= p)" in compare.format_table([short])
+
+
+def test_explorers_draw_in_the_kernel_and_wrap_refusals(monkeypatch):
+    """The 04/05 explorers (one `_slider_box`) render kernel-side (`with out:` can hang a
+    headless executor, so any use fails here) and print a refusal wrapped between words."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import ui
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    inter = compare.interleaving_explorer(ranks=4, microbatches=8, chunks=2)
+    inter.controls["microbatches"].value = 12
+    assert ui.text_of(inter.out).startswith("simulated makespan: 1F1B ")
+    box = compare.zero_bubble_explorer(ranks=4, microbatches=8)
+    box.controls["name"].value = "zb-h2"
+    assert ui.text_of(box.out).startswith("simulated: zb-h2 makespan")
+    box.controls["microbatches"].value = 4      # zb-h2 needs m >= 2p - 1 = 7: refused
+    for b in (inter, box):
+        assert not [o for o in b.out.outputs if o["output_type"] == "error"]
+    text = ui.text_of(box.out)
+    assert text.startswith("refused: zb-h2 needs microbatches >= 2*ranks - 1 = 7")
+    lines = text.splitlines()                   # a 200-character message, wrapped
+    assert len(lines) > 1 and max(len(line) for line in lines) <= pl.explorer.REFUSAL_WIDTH
+    assert " ".join(line.strip() for line in lines) == \
+        "refused: " + " ".join(str(compare_error(4)).split())
+    plt.close("all")
+
+
+def compare_error(microbatches: int) -> str:
+    with pytest.raises(ValueError) as info:
+        compare.simulate_named("zb-h2", 4, microbatches, pl.Costs())
+    return str(info.value)

@@ -29,3 +29,24 @@ def test_counted_bytes_follow_the_experts_placement():
     model = pl.ToyGPT(CFG)
     batch = moe_lab.toy_batch(CFG, 8)
     assert moe_lab.sent_bytes(model, batch, 2) < moe_lab.sent_bytes(model, batch, 4)
+
+
+def test_routing_explorer_draws_in_the_kernel(monkeypatch):
+    """Rendered kernel-side (`with out:` can hang a headless executor, so any use fails here),
+    and redrawn when a slider moves."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import ui
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    box = moe_lab.routing_explorer(CFG, rows=4)
+    room = moe.capacity(CFG.seq_len, 4, 2, 1.25)
+    assert ui.text_of(box.out).startswith(f"capacity ⌈1.25 · 32 · 2 / 4⌉ = {room} per expert")
+    box.controls["capacity_factor"].value = 3.0
+    assert not [o for o in box.out.outputs if o["output_type"] == "error"]
+    assert ui.text_of(box.out).startswith("capacity ⌈3 · 32 · 2 / 4⌉ = 48 per expert")
+    plt.close("all")

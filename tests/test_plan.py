@@ -291,3 +291,27 @@ def test_expert_parallel_candidates_live_hold_their_static_bytes_and_at_most_the
     assert row["measured_peak"] - row["measured_activations"] == c.static[0]
     for r in range(2):
         assert 0.7 * c.activation_peak[r] <= live[r] <= c.activation_peak[r], r
+
+
+def test_planner_explorer_draws_in_the_kernel_and_wraps_a_refusal(monkeypatch):
+    """Rendered kernel-side (`with out:` can hang a headless executor, so any use fails here);
+    a setting with no candidate prints the reason wrapped between words, not one long line."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import plan_views, ui
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    box = plan_views.planner_explorer(lambda layers: synthetic(replace(CFG, n_layers=layers)),
+                                      devices=4, budget_mib=16, layers=4, batch_size=32)
+    assert "is predicted fastest of the" in ui.text_of(box.out)
+    box.controls["devices"].value = 7            # 32 rows split over 7 devices: nothing fits
+    assert not [o for o in box.out.outputs if o["output_type"] == "error"]
+    lines = ui.text_of(box.out).splitlines()
+    assert lines[0].startswith("refused: no candidate: with batch_size=32, devices=7")
+    assert len(lines) > 1 and max(map(len, lines)) <= pl.explorer.REFUSAL_WIDTH
+    assert all(not line.endswith("-") for line in lines)
+    plt.close("all")

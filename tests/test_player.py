@@ -2,6 +2,8 @@
 widgets without a browser, and live_compare's fair ordering (with a stand-in cluster)."""
 from __future__ import annotations
 
+import os
+
 from types import SimpleNamespace
 
 import matplotlib
@@ -176,7 +178,9 @@ class _FakeCluster:
     def run(self, sched, **kwargs):
         self.calls.append((sched.name, kwargs))
         tl = SimpleNamespace(makespan=next(self.times))
-        return SimpleNamespace(timeline=tl, schedule=sched, name=sched.name)
+        # load average when sent and when back: 1.0, 1.5, then 2.0, 2.5 ... run after run
+        load = (1.0 + len(self.calls) - 1, 1.5 + len(self.calls) - 1)
+        return SimpleNamespace(timeline=tl, schedule=sched, name=sched.name, load=load)
 
 
 def test_live_compare_warms_up_then_alternates_and_keeps_the_median():
@@ -192,6 +196,9 @@ def test_live_compare_warms_up_then_alternates_and_keeps_the_median():
     assert [r.timeline.makespan for r in live.runs["1f1b"]] == [5.0, 4.0, 6.0]
     assert live["gpipe"].timeline.makespan == 2.0 and live["1f1b"].timeline.makespan == 5.0
     assert "gpipe" in live.table()
+    # the load of the counted rounds only (runs 3..8), not of the discarded warm-ups
+    assert live.table().splitlines()[-1] == \
+        f"measured at load average 3.00 to 8.50 over 6 runs on {os.cpu_count()} cores"
     cold = _FakeCluster([1.0, 2.0])
     pl.explorer.live_compare(cold, {"x": a, "y": b}, rounds=1, warmup=False)
     assert len(cold.calls) == 2

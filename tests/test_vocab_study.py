@@ -40,3 +40,24 @@ def test_vocabulary_parallel_ranks_each_do_their_blocks_and_one_shard(name):
     row = {r["method"]: r for r in vs.method_table(PROFILE, ranks, m, 2)}[name]
     per_rank = m * (2 * PROFILE.block + (PROFILE.S + PROFILE.T) / ranks)
     assert row["busy"] == pytest.approx([per_rank] * ranks)
+
+
+def test_vocab_explorer_draws_in_the_kernel_and_redraws(monkeypatch):
+    """Drawn as soon as it is built, kernel-side (`with out:` can hang a headless executor, so
+    any use fails here), and redrawn for the ranks the slider picks."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from pipelab import ui
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    box = vs.vocab_explorer({32768: PROFILE}, ranks=4, microbatches=8, blocks_per_rank=1)
+    at_4 = ui.text_of(box.out)
+    assert at_4 == vs.format_rows(vs.method_table(PROFILE, 4, 8, 1)) + "\n"
+    box.children[1].value = 2                   # the ranks slider
+    assert not [o for o in box.out.outputs if o["output_type"] == "error"]
+    assert ui.text_of(box.out) == vs.format_rows(vs.method_table(PROFILE, 2, 8, 1)) + "\n" != at_4
+    plt.close("all")

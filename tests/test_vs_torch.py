@@ -156,3 +156,17 @@ def test_the_benchmark_pairs_a_multi_stage_schedule_with_torch(cluster, monkeypa
     bench.print_tables(sched, cls)
     out = capsys.readouterr().out
     assert "rank 1 torch: 1F0 1F1 1F2 1F3 3F0" in out        # torch's loop placement, read back
+
+
+def test_call_results_carry_the_load_they_ran_at(cluster, monkeypatch):
+    """A call's results say the load average when it was sent and when it came back (what any
+    figure measured on this shared machine needs beside it), and still compare as a list."""
+    import os
+    from pipelab import noise
+    readings = iter([1.25, 2.5])
+    monkeypatch.setattr(noise, "load_average", lambda: next(readings))
+    res = cluster.call("os:getpid")
+    assert res == cluster.pids and res.load == (1.25, 2.5)
+    line = f"measured at load average 1.25 → 2.50 on {os.cpu_count()} cores"
+    assert res.load_line == line
+    assert repr(res).splitlines() == [repr(cluster.pids), line]

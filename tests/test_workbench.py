@@ -159,3 +159,29 @@ def test_progress_names_each_step_in_order(clusters):
     bad = []
     workbench.attempt("0F0 0B0\n1F0 1B0", ranks=3, microbatches=1, progress=bad.append)
     assert bad == ["reading and validating"]          # stops where the text fails
+
+
+def test_check_renders_in_the_kernel_and_shows_an_unexpected_error(monkeypatch):
+    """Notebook 13 calls check() in a cell: its report is rendered kernel-side (`with out:` or the
+    widget's clear_output() can hang a headless executor, so any use fails here). An unexpected
+    error (not a mistake in the text) is shown in the output, named in the status, and raised."""
+    import ipywidgets as w
+    import matplotlib
+    matplotlib.use("Agg")
+    from pipelab import ui
+
+    def captured(*_):
+        raise AssertionError("output routed through the Output widget")
+    monkeypatch.setattr(w.Output, "__enter__", captured)
+    bench = workbench.Workbench(exercises.SPLIT)
+    att = bench.check()
+    assert not att.passed and bench.last is att
+    assert ui.text_of(bench.output) == att.report() + "\n"
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the cluster went away")
+    monkeypatch.setattr(workbench, "attempt", broken)
+    with pytest.raises(RuntimeError, match="the cluster went away"):
+        bench.check()
+    assert bench.output.outputs[-1]["output_type"] == "error"
+    assert "failed" in bench.status.value and not bench.check_button.disabled

@@ -297,17 +297,16 @@ def vocab_explorer(profiles: dict, ranks: int = 4, microbatches: int = 8,
     pick = ui.control(w.SelectionSlider, "vocabulary size V", options=sizes, value=sizes[-1],
                       continuous_update=False)
     ranks_box = ui.slider("int", "pipeline ranks p", min=2, max=8, step=2, value=ranks)
-    out = ui.output("420px")
 
-    def draw(*_):
-        rows = method_table(profiles[pick.value], ranks_box.value, microbatches,
-                            blocks_per_rank)
-        with out:
-            out.clear_output(wait=True)
-            plot_methods(rows, f"simulated from measured costs, V={pick.value}")
-            plt.show()
-            print(format_rows(rows))
-    pick.observe(draw, "value")
-    ranks_box.observe(draw, "value")
-    draw()
-    return w.VBox([pick, ranks_box, out])
+    def draw(vocab: int, ranks: int) -> None:
+        rows = method_table(profiles[vocab], ranks, microbatches, blocks_per_rank)
+        plot_methods(rows, f"simulated from measured costs, V={vocab}")
+        plt.show()
+        print(format_rows(rows))
+
+    # Rendered in the kernel (drawn at once, as it is built): no headless hang.
+    out = ui.interactive_output(draw, {"vocab": pick, "ranks": ranks_box})
+    out.layout.min_height = "420px"
+    box = w.VBox([pick, ranks_box, out])
+    box.out = out
+    return box

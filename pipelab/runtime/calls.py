@@ -87,14 +87,36 @@ def pack_call(name: str, args: tuple, kwargs: dict) -> bytes:
                          f"workers: {err}") from None
 
 
+class CallResults(list):
+    """The results of `cluster.call`, one per rank in rank order (a list, equal to a plain one),
+    with the machine's load average when the call was sent and when it came back: whatever a
+    call measures means little on a shared machine without it."""
+
+    def __init__(self, results, load: tuple[float, float]):
+        super().__init__(results)
+        self.load = load
+
+    @property
+    def load_line(self) -> str:
+        """"measured at load average 2.31 → 2.40 on 2 cores", worded as a run's."""
+        from .result import RunResult
+        return RunResult.load_line.fget(self)
+
+    def __repr__(self) -> str:
+        return f"{super().__repr__()}\n{self.load_line}"
+
+
 def call_all(pool, name: str, data: bytes, timeout: float,
-             check_deaths: Callable[[float], None]) -> list:
-    """Send the packed call to every worker of `pool`; return the results in rank order.
+             check_deaths: Callable[[float], None]) -> CallResults:
+    """Send the packed call to every worker of `pool`; return the results in rank order, with
+    the load they ran at.
 
     Raises WorkerError (an exception in a worker, or a death) or PipelineTimeout (no answer from
     every rank within `timeout` seconds); the caller then discards the workers.
     """
+    from ..noise import load_average
     from .pool import POLL
+    load_before = load_average()
     for conn in pool.conns:
         conn.send_bytes(data)
     results: dict[int, object] = {}
@@ -115,4 +137,4 @@ def call_all(pool, name: str, data: bytes, timeout: float,
             raise PipelineTimeout(f"cluster.call: {name} did not return on ranks {waiting} "
                                   f"within {timeout:g} s; the workers were stopped and the next "
                                   f"run starts fresh ones", waiting[0], waited=timeout)
-    return [results[r] for r in range(pool.ranks)]
+    return CallResults([results[r] for r in range(pool.ranks)], (load_before, load_average()))

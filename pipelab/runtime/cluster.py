@@ -18,6 +18,7 @@ import weakref
 from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC
+from .calls import CallResults
 from .errors import WorkerError
 from .pool import POLL, WorkerPool, death
 from .result import RunResult, assemble
@@ -159,8 +160,9 @@ class LocalCluster:
             raise
         return assemble(spec, reports, wall_time=time.perf_counter() - began)
 
-    def call(self, target, *args, timeout: float | None = None, **kwargs) -> list:
-        """Run `target(*args, **kwargs)` on every worker; return the results in rank order.
+    def call(self, target, *args, timeout: float | None = None, **kwargs) -> CallResults:
+        """Run `target(*args, **kwargs)` on every worker; return the results in rank order (a
+        list, `CallResults`, whose `load_line` and repr give the load the call ran at).
 
         target: 'package.module:function' or a function defined at the top level of an
         importable module (not in a notebook cell or `__main__`: the workers could not import
