@@ -353,9 +353,10 @@ def test_interleaved_refuses_unequal_rounds():
     with pytest.raises(ValueError) as info:
         pl.schedule("interleaved-1f1b", ranks=3, microbatches=7, chunks=2)
     message = str(info.value)
-    assert "interleaved-1f1b needs microbatches to split into equal rounds" in message
-    assert "microbatches % max(1, microbatches // ranks) == 0" in message
-    assert "7 microbatches on 3 ranks would need 2 rounds of 3.5" in message
+    assert "interleaved-1f1b needs the microbatches to split into equal rounds" in message
+    assert "7 microbatches on 3 ranks make 2 rounds of 3.5" in message
+    # 8 is no multiple of 3 but splits into 2 rounds of 4: the message offers both rules.
+    assert "Use a multiple of 3 (Megatron's rule) or another count that splits evenly" in message
     assert "e.g. 6 or 8" in message
 
 

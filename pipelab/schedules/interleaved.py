@@ -39,12 +39,12 @@ def microbatch_rounds(ranks: int, microbatches: int) -> int:
     rounds = max(1, microbatches // ranks)
     if microbatches % rounds:
         raise ValueError(
-            f"interleaved-1f1b needs microbatches to split into equal rounds of at least ranks "
-            f"microbatches (microbatches % max(1, microbatches // ranks) == 0): "
-            f"{microbatches} microbatches on {ranks} ranks would need {rounds} rounds of "
-            f"{microbatches / rounds:g}; every round must take the same number through each chunk "
+            f"interleaved-1f1b needs the microbatches to split into equal rounds of at least "
+            f"`ranks` each: {microbatches} microbatches on {ranks} ranks make {rounds} rounds of "
+            f"{microbatches / rounds:g}. Every round must pass the same number through each chunk, "
             f"so that each rank's warm-up fits every round. Use a multiple of {ranks} (Megatron's "
-            f"rule), or e.g. {microbatches - microbatches % rounds} or "
+            f"rule) or another count that splits evenly, e.g. "
+            f"{microbatches - microbatches % rounds} or "
             f"{microbatches + rounds - microbatches % rounds}.")
     return microbatches // rounds
 
