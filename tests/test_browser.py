@@ -264,6 +264,44 @@ def _run_beside_file_browser(lab, page, name: str, cells) -> None:
     expect(page.locator(".jp-FileBrowser")).to_be_visible()
 
 
+def _step_player(page, player_status, tl, frames, picture) -> float:
+    """Move the player's slider PLAYER_STEPS frames with the keyboard; the status must show that
+    frame's time and what runs then, and the chart must have been redrawn. Returns that time."""
+    from playwright.sync_api import expect
+    from pipelab.player import status
+
+    handle = page.locator(".pipelab-player-time .noUi-handle")
+    handle.focus()
+    for _ in range(PLAYER_STEPS):
+        handle.press("ArrowRight")
+    t = frames[PLAYER_STEPS]
+    expect(player_status).to_contain_text(f"t = {t:.4g} units", timeout=30_000)
+    for line in status(tl, t):
+        expect(player_status).to_contain_text(line)
+    expect(page.locator(".pipelab-player-chart")).not_to_have_attribute("src", picture)
+    return t
+
+
+def _answer_wrong_then_right(question, wrong: str, right: str, feedback: str):
+    """Answer a predict question wrong (its feedback must show `feedback`), then right; returns
+    the result area."""
+    from playwright.sync_api import expect
+
+    answer = question.locator(".pipelab-predict-input input")
+    result = question.locator(".pipelab-predict-result")
+    answer.fill(wrong)
+    answer.press("Tab")          # a change event, as a reader leaving the box makes
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("wrong", timeout=30_000)
+    expect(result).to_contain_text(feedback)
+    answer.fill("")
+    answer.press_sequentially(right)
+    answer.press("Tab")
+    question.locator(".pipelab-predict-check").click()
+    expect(result).to_contain_text("right", timeout=30_000)
+    return result
+
+
 def _check_teaching_widgets(lab, page) -> None:
     from playwright.sync_api import expect
 
@@ -287,15 +325,7 @@ def _check_teaching_widgets(lab, page) -> None:
     track = page.locator(".pipelab-player-time .slider-container").bounding_box()
     assert track["width"] > 300, track
 
-    handle = page.locator(".pipelab-player-time .noUi-handle")
-    handle.focus()
-    for _ in range(PLAYER_STEPS):
-        handle.press("ArrowRight")
-    t = frames[PLAYER_STEPS]
-    expect(player_status).to_contain_text(f"t = {t:.4g} units", timeout=30_000)
-    for line in status(tl, t):
-        expect(player_status).to_contain_text(line)
-    expect(page.locator(".pipelab-player-chart")).not_to_have_attribute("src", picture)
+    t = _step_player(page, player_status, tl, frames, picture)
     _screenshot(page, "player-moved")
 
     # Play runs on by itself from there.
@@ -305,18 +335,7 @@ def _check_teaching_widgets(lab, page) -> None:
 
     question = page.locator(".pipelab-predict")
     question.scroll_into_view_if_needed()
-    answer = question.locator(".pipelab-predict-input input")
-    result = question.locator(".pipelab-predict-result")
-    answer.fill("36")
-    answer.press("Tab")          # a change event, as a reader leaving the box makes
-    question.locator(".pipelab-predict-check").click()
-    expect(result).to_contain_text("wrong", timeout=30_000)
-    expect(result).to_contain_text("41 units")
-    answer.fill("")
-    answer.press_sequentially("41")
-    answer.press("Tab")
-    question.locator(".pipelab-predict-check").click()
-    expect(result).to_contain_text("right", timeout=30_000)
+    _answer_wrong_then_right(question, "36", "41", feedback="41 units")
     _screenshot(page, "predict-checked")
 
     explorer = page.locator(".pipelab-schedule-explorer")
@@ -364,7 +383,7 @@ def _check_later_chapter(lab, page) -> None:
 
     import pipelab as pl
     from pipelab.compare import simulate_named
-    from pipelab.player import frame_times, status
+    from pipelab.player import frame_times
 
     _run_beside_file_browser(lab, page, "later_widgets.ipynb", LATER_CELLS)
 
@@ -375,34 +394,16 @@ def _check_later_chapter(lab, page) -> None:
     expect(player_status).to_contain_text("t = 0 units", timeout=120_000)
     expect(page.get_by_text("Traceback (most recent call last)")).to_have_count(0)
     picture = page.locator(".pipelab-player-chart").get_attribute("src")
-    handle = page.locator(".pipelab-player-time .noUi-handle")
-    handle.focus()
-    for _ in range(PLAYER_STEPS):
-        handle.press("ArrowRight")
-    t = frames[PLAYER_STEPS]
-    expect(player_status).to_contain_text(f"t = {t:.4g} units", timeout=30_000)
-    for line in status(tl, t):
-        expect(player_status).to_contain_text(line)
-    expect(page.locator(".pipelab-player-chart")).not_to_have_attribute("src", picture)
+    _step_player(page, player_status, tl, frames, picture)
     page.locator(".pipelab-player").scroll_into_view_if_needed()
     _screenshot(page, "later-player-moved")
 
     # A question whose answer comes from the byte model says so, not "the pipeline".
     question = page.locator(".pipelab-predict")
     question.scroll_into_view_if_needed()
-    answer = question.locator(".pipelab-predict-input input")
-    result = question.locator(".pipelab-predict-result")
-    answer.fill("8")
-    answer.press("Tab")
-    question.locator(".pipelab-predict-check").click()
-    expect(result).to_contain_text("wrong", timeout=30_000)
-    expect(result).to_contain_text("the byte model gives 16 KiB")
+    result = _answer_wrong_then_right(question, "8", "16",
+                                      feedback="the byte model gives 16 KiB")
     expect(result).not_to_contain_text("pipeline")
-    answer.fill("")
-    answer.press_sequentially("16")
-    answer.press("Tab")
-    question.locator(".pipelab-predict-check").click()
-    expect(result).to_contain_text("right", timeout=30_000)
     _screenshot(page, "later-predict-checked")
 
     # A refused setting prints its reason on lines the browser does not wrap (JupyterLab
