@@ -26,7 +26,7 @@ import statistics
 from dataclasses import replace
 
 import pipelab as pl
-from pipelab import asynchrony
+from pipelab.chapters import async_pipelines as asynchrony
 from pipelab.bench.load import load_average
 
 

@@ -28,7 +28,7 @@ import argparse
 import statistics
 
 import pipelab as pl
-from pipelab import bidirectional as bidir
+from pipelab.chapters import bidirectional as bidir
 from pipelab.bench.load import load_average
 
 UNIT = pl.Costs(F=1.0, I=1.0, W=1.0)

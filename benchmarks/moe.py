@@ -22,7 +22,7 @@ import statistics
 
 import pipelab as pl
 from pipelab.bench.load import load_average
-from pipelab.moe import moe_parameter_counts
+from pipelab.model.moe import moe_parameter_counts
 
 
 def exchange_table(cluster, args) -> None:

@@ -8,7 +8,7 @@ import argparse
 import time
 
 import pipelab as pl
-from pipelab.plan import SCHEDULE_NAMES
+from pipelab.planner.plan import SCHEDULE_NAMES
 
 
 def main() -> None:

@@ -12,7 +12,7 @@ import argparse
 import os
 
 import pipelab as pl
-from pipelab import plan_check
+from pipelab.planner import check as plan_check
 
 
 def main() -> None:

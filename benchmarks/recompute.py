@@ -22,7 +22,7 @@ import os
 import statistics
 
 import pipelab as pl
-from pipelab import memory
+from pipelab.model import memory
 
 POLICIES = {"none": "none", "selective": "selective", "full": "full", "every-k": "every-k"}
 

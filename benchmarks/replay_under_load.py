@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pipelab as pl  # noqa: E402
-from pipelab.noise import load_average  # noqa: E402
+from pipelab.support.noise import load_average  # noqa: E402
 from under_load import busy_loops  # noqa: E402
 
 CFG = pl.ModelConfig(n_layers=4, d_model=128, n_heads=4, seq_len=32)

@@ -33,8 +33,8 @@ import statistics
 
 import pipelab as pl
 from pipelab.bench.load import load_average
-from pipelab.memory import _blocks
-from pipelab.parallel import tensor_view
+from pipelab.model.memory import _blocks
+from pipelab.chapters import tensor_and_pipeline as tensor_view
 
 LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
 

@@ -255,7 +255,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"under_load: {error}", file=sys.stderr)
         return 2
     sys.path.insert(0, str(args.repo))
-    from pipelab.noise import load_line
+    from pipelab.support.noise import load_line
     summaries = {t: Summary(t.stem if not args.tests else str(t)) for t in chosen}
     mode = "nbconvert --execute" if args.nbconvert else ("pytest" if args.tests else "nbval")
     print(f"{mode}, {args.runs} run(s) each, {args.busy} busy loop(s); before: {load_line()}",

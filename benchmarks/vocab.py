@@ -15,7 +15,7 @@ import statistics
 from dataclasses import replace
 
 import pipelab as pl
-from pipelab.parallel import vocab_study as vs
+from pipelab.chapters import vocabulary_parallelism as vs
 
 # The paper's 8-GPU artifact: h = 3072, seq 4096, V = 256k, 32 layers on 8 stages. Per token,
 # the output layer is 2hV FLOPs, a layer 24h² + 4sh: the head is about 5.8 layers.

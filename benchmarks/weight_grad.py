@@ -32,7 +32,7 @@ from torch import nn
 import pipelab as pl
 from pipelab.runtime.heap import keep_freed_memory
 from pipelab.runtime.meter import ActivationMeter
-from pipelab.weight_grad import Linear, WeightGradStore
+from pipelab.model.weight_grad import Linear, WeightGradStore
 
 
 def stock_copy(module: nn.Module) -> nn.Module:

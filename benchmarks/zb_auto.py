@@ -21,7 +21,8 @@ import argparse
 import os
 
 import pipelab as pl
-from pipelab import compare, memory_sweep
+from pipelab.views import compare
+from pipelab.chapters.write_your_own_schedule import memory_sweep
 
 
 def grid_table(ranks: int, microbatches: int, ratios, comms, i_frees: float) -> None:

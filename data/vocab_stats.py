@@ -6,7 +6,7 @@
 For each V: the variants per character, the distinct token ids the whole training text uses,
 their share of V, the entropy of the ids' frequencies (bits; log2 V if every id were equally
 common) and how many of 8 equal vocabulary shards hold at least one id. Nothing is downloaded:
-the ids are computed from data/corpus.txt by pipelab.data.context_tokens.
+the ids are computed from data/corpus.txt by pipelab.model.data.context_tokens.
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import argparse
 
 import torch
 
-from pipelab.data import VOCAB_SIZE, context_tokens, corpus_tokens
+from pipelab.model.data import VOCAB_SIZE, context_tokens, corpus_tokens
 
 
 def coverage(vocab_size: int, ids: torch.Tensor) -> dict:

@@ -90,7 +90,7 @@ def _build(args, ranks: int):
     """Schedule, config and checked RunSpec from the arguments (ValueError when bad); `ranks`
     is the pipeline's, the processes are ranks × --data-parallel."""
     import pipelab as pl
-    from .atomic import check_target
+    from .support.atomic import check_target
     from .runtime.spec import check_timeout, prepare_run
 
     check_timeout(args.timeout)

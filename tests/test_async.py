@@ -7,10 +7,10 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab.asynchrony import weight_bytes
-from pipelab.data import get_batch, split_microbatches
-from pipelab.memory import parameter_bytes
-from pipelab.model import loss_fn
+from pipelab.chapters.async_pipelines import weight_bytes
+from pipelab.model.data import get_batch, split_microbatches
+from pipelab.model.memory import parameter_bytes
+from pipelab.model.gpt import loss_fn
 from pipelab.schedules.pipedream import flushed, with_updates
 from pipelab.schedules.updates import check_updates, select, update, version_plan
 
@@ -182,7 +182,7 @@ def test_race_pairs_each_rounds_wall_clock_and_replay():
     """asynchrony.race alternates the two schedules (A B, B A, ...) and judges the wall clock and
     the replay of the *same* runs: each replayed sample belongs to its own run's round."""
     from types import SimpleNamespace
-    from pipelab import asynchrony
+    from pipelab.chapters import async_pipelines as asynchrony
 
     class FakeCluster:            # A's run: wall 1.0, replay 2.0; B's: wall 1.5, replay 1.0
         def __init__(self):
@@ -210,8 +210,8 @@ def test_async_explorer_draws_in_the_kernel_not_through_output_capture(monkeypat
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import ui
-    from pipelab.asynchrony import async_explorer
+    from pipelab.views import ui
+    from pipelab.chapters.async_pipelines import async_explorer
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

@@ -53,7 +53,7 @@ def test_dualpipe_table_is_a_count_of_one_figure_not_a_law(F, I, W, simulated, t
     """Outside F = I ≥ W the table's expression is not the schedule's bubble. DeepSeek's own
     order gives the same figures (it is ours action for action, test below), so this is the
     formula being loose, not our schedule deviating. p = 4, m = 8, messages free."""
-    from pipelab.bidirectional import dualpipe_bubble
+    from pipelab.chapters.bidirectional import dualpipe_bubble
     tl = pl.simulate(pl.schedule("dualpipe", ranks=4, microbatches=8), pl.Costs(F=F, I=I, W=W))
     assert worst_idle(tl) == pytest.approx(simulated)
     assert dualpipe_bubble(4, F, I, W) == pytest.approx(table)
@@ -260,8 +260,8 @@ def test_explorer_overlap_switch_changes_the_pair_cost_and_the_closed_form():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import bidirectional as bidir
-    from pipelab.ui import text_of
+    from pipelab.chapters import bidirectional as bidir
+    from pipelab.views.ui import text_of
     box = bidir.bidirectional_explorer(ranks=4, microbatches=8)
     box.controls["overlap"].value = True
     text = text_of(box.out)
@@ -279,8 +279,8 @@ def test_explorer_switch_says_why_it_does_nothing():
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import bidirectional as bidir
-    from pipelab.ui import text_of
+    from pipelab.chapters import bidirectional as bidir
+    from pipelab.views.ui import text_of
     box = bidir.bidirectional_explorer(ranks=4, microbatches=8)
     switch = box.controls["overlap"]
     assert switch.description == bidir.OVERLAP_LABEL

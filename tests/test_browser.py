@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 
 from pipelab import ModelConfig
-from pipelab.widgets import describe
+from pipelab.views.widgets import describe
 
 REPO = Path(__file__).resolve().parent.parent
 SCREENSHOTS = REPO / "artifacts" / "screenshots"      # gitignored; CI keeps them as artifacts
@@ -268,7 +268,7 @@ def _step_player(page, player_status, tl, frames, picture) -> float:
     """Move the player's slider PLAYER_STEPS frames with the keyboard; the status must show that
     frame's time and what runs then, and the chart must have been redrawn. Returns that time."""
     from playwright.sync_api import expect
-    from pipelab.player import status
+    from pipelab.views.player import status
 
     handle = page.locator(".pipelab-player-time .noUi-handle")
     handle.focus()
@@ -306,7 +306,7 @@ def _check_teaching_widgets(lab, page) -> None:
     from playwright.sync_api import expect
 
     import pipelab as pl
-    from pipelab.player import frame_times, status
+    from pipelab.views.player import frame_times, status
 
     _run_beside_file_browser(lab, page, "teach_widgets.ipynb", TEACH_CELLS)
 
@@ -353,7 +353,7 @@ def _check_teaching_widgets(lab, page) -> None:
 LATER_CELLS = [
     "%matplotlib inline\n"
     "import pipelab as pl\n"
-    "from pipelab.compare import simulate_named\n"
+    "from pipelab.sim.compare import simulate_named\n"
     "tl = simulate_named('dualpipe-v', 4, 8, pl.Costs())\n"
     "pl.explorer.player(tl)",
     "cfg = pl.ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=32)\n"
@@ -382,8 +382,8 @@ def _check_later_chapter(lab, page) -> None:
     from playwright.sync_api import expect
 
     import pipelab as pl
-    from pipelab.compare import simulate_named
-    from pipelab.player import frame_times
+    from pipelab.sim.compare import simulate_named
+    from pipelab.views.player import frame_times
 
     _run_beside_file_browser(lab, page, "later_widgets.ipynb", LATER_CELLS)
 

@@ -1,11 +1,11 @@
-"""pipelab.compare: schedules side by side for the same model (notebooks 04 and 05)."""
+"""pipelab.sim.compare: schedules side by side for the same model (notebooks 04 and 05)."""
 from types import SimpleNamespace
 
 import pytest
 
 import pipelab as pl
-from pipelab import compare
-from pipelab.timeline import Event, Timeline
+from pipelab.views import compare
+from pipelab.sim.timeline import Event, Timeline
 
 
 # --- per-chunk cost scaling ---------------------------------------------------------------------
@@ -305,7 +305,7 @@ def test_explorers_draw_in_the_kernel_and_wrap_refusals(monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import ui
+    from pipelab.views import ui
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

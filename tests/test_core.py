@@ -10,7 +10,7 @@ from pipelab.runtime import register_handler
 from pipelab.runtime.handlers import HANDLERS
 from pipelab.schedules import (KIND_SPECS, NO_MICROBATCH, Action, Compound, Input, Schedule,
                                ScheduleError, comm_plan, register_kind)
-from pipelab.timeline import Event, Timeline
+from pipelab.sim.timeline import Event, Timeline
 
 CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16)
 
@@ -58,7 +58,7 @@ def test_compound_waits_for_the_inputs_of_every_part():
 def test_a_compound_is_drawn_as_one_box_in_its_parts_colours():
     import matplotlib
     matplotlib.use("Agg")
-    from pipelab.plots import kind_colour
+    from pipelab.views.plots import kind_colour
     from matplotlib.colors import to_rgba
     tl = pl.simulate(one_f_one_b_with_pairs())
     ax = tl.plot()

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab import data
+from pipelab.model import data
 
 REPO = Path(__file__).resolve().parent.parent
 

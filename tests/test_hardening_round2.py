@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 import pipelab as pl
-from pipelab import atomic, footprint
-from pipelab.parallel.mesh import Mesh
+from pipelab.support import atomic
+from pipelab.model import footprint
+from pipelab.techniques.mesh import Mesh
 from pipelab.runtime import rendezvous
 from pipelab.runtime.board import RECV, RUN, SETUP, SYNC, RankState
 from pipelab.runtime.errors import WorkerError
@@ -47,7 +48,7 @@ def refused(call, *needles: str, within: float = 1.0) -> str:
 
 # --- silent misreads -------------------------------------------------------------------------
 def synthetic(cfg=CFG):
-    from pipelab.calibrate import flop_shares
+    from pipelab.planner.calibrate import flop_shares
     n = cfg.total_layers
     w, core = flop_shares(cfg)
     return pl.Calibration(cfg, ((1e-3, 1e-4),) * n, ((2e-3, 2e-4),) * n, w, core, latency=0.0,

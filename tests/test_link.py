@@ -14,8 +14,8 @@ import time
 import pytest
 
 import pipelab as pl
-from pipelab.memory import parameter_bytes
-from pipelab.noise import load_average, load_line
+from pipelab.model.memory import parameter_bytes
+from pipelab.support.noise import load_average, load_line
 
 CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)
 LINK = pl.Link(latency=0.02, bandwidth=1e9)

@@ -3,10 +3,10 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab import memory
-from pipelab.model import loss_fn
+from pipelab.model import memory
+from pipelab.model.gpt import loss_fn
 from pipelab.runtime.meter import ActivationMeter
-from pipelab.weight_grad import WeightGradStore
+from pipelab.model.weight_grad import WeightGradStore
 
 CONFIGS = [pl.ModelConfig(n_layers=3, d_model=32, n_heads=4, seq_len=16, vocab_size=40),
            pl.ModelConfig(n_layers=2, d_model=24, n_heads=2, d_ff=40, seq_len=12, vocab_size=30)]

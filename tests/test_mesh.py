@@ -6,7 +6,7 @@ import math
 import pytest
 
 import pipelab as pl
-from pipelab.parallel import reduction_of
+from pipelab.techniques import reduction_of
 from pipelab.runtime import prepare_run
 
 AR = reduction_of

@@ -10,7 +10,7 @@ import time
 import pytest
 
 import pipelab as pl
-from pipelab.parallel import reduction_of
+from pipelab.techniques import reduction_of
 
 pytestmark = pytest.mark.timeout(240)
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 
 import pipelab as pl
-from pipelab.moe import MoEMLP, capacity, loss_share
+from pipelab.model.moe import MoEMLP, capacity, loss_share
 
 
 def _layer(E=4, k=2, c=1.25, coef=0.01, d=16, f=32, seed=0) -> MoEMLP:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 import pipelab as pl
-from pipelab import moe, moe_lab
+from pipelab.model import moe
+from pipelab.chapters import moe_expert_parallelism as moe_lab
 
 CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=32, n_experts=4, top_k=2,
                      capacity_factor=1.25)
@@ -38,7 +39,7 @@ def test_routing_explorer_draws_in_the_kernel(monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import ui
+    from pipelab.views import ui
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab.routing import Routing, balanced, expert_share, routed_costs
+from pipelab.techniques.expert_routing import Routing, balanced, expert_share, routed_costs
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -1,7 +1,7 @@
 """The paired-rounds verdict: resolves a clear effect, refuses to call noise a result."""
 import pytest
 
-from pipelab import noise
+from pipelab.support import noise
 
 
 def test_clear_effect_is_resolved():

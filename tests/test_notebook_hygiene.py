@@ -89,15 +89,15 @@ def missing_citations(path: Path) -> list[str]:
 
 def test_citations_are_found_in_links_and_in_prose():
     text = ("See [the page](../docs/formulas.md#dualpipe), [torch](https://pytorch.org/x.md), "
-            "[below](#part-2), the table in FORMULAS.md and `pipelab/noise.py`; "
+            "[below](#part-2), the table in FORMULAS.md and `pipelab/support/noise.py`; "
             "run benchmarks/vocab.py. Not a file: pl.explorer.predict(...).")
-    assert cited(text) == {"../docs/formulas.md", "FORMULAS.md", "pipelab/noise.py",
+    assert cited(text) == {"../docs/formulas.md", "FORMULAS.md", "pipelab/support/noise.py",
                            "benchmarks/vocab.py"}
 
 
 def test_resolution_accepts_shipped_files_only():
     assert resolves("../docs/formulas.md", "notebooks")
-    assert resolves("pipelab/noise.py", "notebooks") and resolves("runtime/meter.py", "notebooks")
+    assert resolves("pipelab/support/noise.py", "notebooks") and resolves("runtime/meter.py", "notebooks")
     assert resolves("weight_grad.py", "notebooks")           # a module named by its file
     assert not resolves("FORMULAS.md", "notebooks")           # lives outside the repository
     assert not resolves("../shared/PLATFORM.md", "notebooks")

@@ -11,7 +11,7 @@ import pytest
 matplotlib.use("Agg")
 
 import pipelab as pl
-from pipelab.partition import balanced_bounds, parse_layout, uniform_bounds
+from pipelab.model.partition import balanced_bounds, parse_layout, uniform_bounds
 
 
 def cfg(n_layers: int = 4, **kw) -> pl.ModelConfig:
@@ -213,7 +213,7 @@ def test_uniform_bounds_direct() -> None:
 
 def test_plots_run_and_are_labelled() -> None:
     import matplotlib.pyplot as plt
-    from pipelab.plots import plot_layer_costs
+    from pipelab.views.plots import plot_layer_costs
     c = cfg(4)
     parts = pl.partition(c, 3, "cost", layer_times=[0.1, 1, 1, 1, 1, 2])
     ax = parts.plot()
@@ -229,7 +229,7 @@ def test_plots_run_and_are_labelled() -> None:
 
 def test_balance_explorer_redraws(capsys) -> None:
     import matplotlib.pyplot as plt
-    from pipelab.explorer import balance_explorer
+    from pipelab.views.explorer import balance_explorer
     box = balance_explorer(cfg(4))
     slider, dropdown = box.children[:2]       # one control per row, then the output
     assert (slider.min, slider.max) == (1, 6) and tuple(dropdown.options) == ("uniform", "params", "cost")

@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 import pipelab as pl
-from pipelab.calibrate import Calibration, calibrate, flop_shares
-from pipelab.memory import activation_bytes, optimizer_bytes, parameter_bytes
-from pipelab.plan import MiB, plan
+from pipelab.planner.calibrate import Calibration, calibrate, flop_shares
+from pipelab.model.memory import activation_bytes, optimizer_bytes, parameter_bytes
+from pipelab.planner.plan import MiB, plan
 
 CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=2, seq_len=16, vocab_size=64)
 
@@ -137,7 +137,7 @@ def test_calibrate_measures_more_time_for_more_rows():
 
 
 def test_candidates_run_live_hold_exactly_the_predicted_bytes():
-    from pipelab import plan_check
+    from pipelab.planner import check as plan_check
     p = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(), batch_size=8,
              schedules=["1f1b", "zb-h1"], microbatches=[4])
     with pl.LocalCluster(ranks=2) as cluster:
@@ -199,7 +199,7 @@ def test_vocabulary_passes_split_the_head_over_the_ranks_without_losing_work():
 
 
 def test_vocabulary_shards_hold_every_parameter_once():
-    from pipelab.memory import vocab_bytes
+    from pipelab.model.memory import vocab_bytes
     L = VOCAB_CFG.total_layers
     for p in (2, 3, 4):
         bounds = [(0, 2), (2, 4), (4, L)] if p == 3 else [(0, 2), (2, L)] if p == 2 else \
@@ -210,7 +210,7 @@ def test_vocabulary_shards_hold_every_parameter_once():
 
 
 def test_vocabulary_candidates_run_live_hold_exactly_the_predicted_bytes():
-    from pipelab import plan_check
+    from pipelab.planner import check as plan_check
     tied = replace(VOCAB_CFG, tie_embeddings=True)
     for cfg, runs in [(VOCAB_CFG, [("vocab-1", "none"), ("vocab-2", "full")]),
                       (tied, [("vocab-2", "none")])]:
@@ -253,7 +253,7 @@ def test_a_tensor_shard_runs_its_share_of_the_blocks_and_pays_the_all_reduces():
 
 
 def test_tensor_parallel_candidates_run_live_hold_exactly_the_predicted_bytes():
-    from pipelab import plan_check
+    from pipelab.planner import check as plan_check
     p = plan(CFG, devices=4, memory_per_device=10**12, calibration=synthetic(), batch_size=8,
              schedules=["zb-h1"], microbatches=[4], recompute=["none"])
     with pl.LocalCluster(ranks=4) as cluster:
@@ -281,7 +281,7 @@ def test_expert_degrees_are_the_replicas_where_they_divide_the_experts():
 def test_expert_parallel_candidates_live_hold_their_static_bytes_and_at_most_the_bound():
     """Parameters, gradients and AdamW state of E/ep experts exactly; activations at most the
     capacity bound (memory_moe), and not far below it with a near-balanced router."""
-    from pipelab import plan_check
+    from pipelab.planner import check as plan_check
     p = plan(MOE_CFG, devices=4, memory_per_device=10**12, calibration=synthetic(MOE_CFG),
              batch_size=8, schedules=["1f1b"], microbatches=[2], recompute=["none"])
     c = one(p, pipeline=2, data_parallel=2, expert=2)
@@ -300,7 +300,8 @@ def test_planner_explorer_draws_in_the_kernel_and_wraps_a_refusal(monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import plan_views, ui
+    from pipelab.chapters import planner as plan_views
+    from pipelab.views import ui
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab.player import (frame_times, live_activations, messages_in_flight,  # noqa: E402
+from pipelab.views.player import (frame_times, live_activations, messages_in_flight,  # noqa: E402
                             running_at, status)
 
 COMM = pl.Costs(F=1.0, I=1.0, W=1.0, comm=0.5)
@@ -226,7 +226,7 @@ def test_live_compare_takes_per_contender_run_settings():
 
 
 def test_player_titles_one_per_timeline():
-    from pipelab.player import headings
+    from pipelab.views.player import headings
     a = pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), pl.Costs())
     b = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=2), pl.Costs())
     b.title = "own"
@@ -248,7 +248,7 @@ def test_player_titles_one_per_timeline():
 
 @pytest.mark.parametrize("frames", [60, 150, 399, 2000])
 def test_play_goes_through_any_timeline_in_ten_to_twenty_seconds(frames):
-    from pipelab.player import playback
+    from pipelab.views.player import playback
     first, step, interval = playback(frames)
     moves = (frames - 1 - first) / step
     assert moves == int(moves) and first < step            # the steps land on the last frame
@@ -258,7 +258,7 @@ def test_play_goes_through_any_timeline_in_ten_to_twenty_seconds(frames):
 
 def test_player_renders_at_display_size_and_plays_by_steps():
     import struct
-    from pipelab.player import DISPLAY_WIDTH
+    from pipelab.views.player import DISPLAY_WIDTH
     long = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=32), COMM)
     box = pl.explorer.player(long, memory=False)
     width, _height = struct.unpack(">II", box.image.value[16:24])     # the PNG header
@@ -303,7 +303,7 @@ def test_a_frame_inside_the_same_actions_only_moves_the_cursor(one_f):
 
 def test_throttle_draws_the_newest_state_once_the_burst_is_over():
     import asyncio
-    from pipelab.player import Throttle
+    from pipelab.views.player import Throttle
     drawn, state = [], {"value": 0}
     throttle = Throttle(lambda: drawn.append(state["value"]), gap=0.05)
 

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab import memory
-from pipelab.recompute import Policy, Recomputer, sequential_peak
+from pipelab.model import memory
+from pipelab.techniques.recompute import Policy, Recomputer, sequential_peak
 from pipelab.runtime.meter import ActivationMeter
-from pipelab.weight_grad import WeightGradStore
+from pipelab.model.weight_grad import WeightGradStore
 
 CFG = pl.ModelConfig(n_layers=8, d_model=32, n_heads=4, seq_len=32)   # 4 blocks per stage on 2 ranks
 POLICIES = ["none", "full", "selective", {"policy": "every-k", "k": 2}]
@@ -257,7 +257,7 @@ def test_R_placements_that_cannot_work_are_refused():
 
 def test_r_cpu_share_counts_only_the_recomputations():
     from types import SimpleNamespace
-    from pipelab import recompute_views as rv
+    from pipelab.chapters import recomputation as rv
     act = pl.Action.parse
     events = [SimpleNamespace(action=act(a), cpu=c)
               for a, c in (("0F0", 1.0), ("0R0", 0.5), ("0B0", 2.0), ("1F0", 1.0), ("1B0", 0.5))]

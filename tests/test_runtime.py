@@ -44,7 +44,7 @@ def test_gradients_match_the_unsplit_model(clusters, name, ranks, microbatches):
 def forward_bytes(cfg, bounds, stage: int, held: int, rows: int = 2) -> int:
     """Activation bytes layers bounds[stage] keep alive after `held` forwards, counted in this
     process: the stage built on its own from the partition, not taken from the run."""
-    from pipelab.model import loss_fn
+    from pipelab.model.gpt import loss_fn
     from pipelab.runtime.meter import ActivationMeter
     layers = pl.build_layers(cfg, *bounds[stage])
     meter, kept = ActivationMeter(layers.parameters()), []

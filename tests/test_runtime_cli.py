@@ -70,7 +70,7 @@ def test_recompute_reaches_the_run():
     """--recompute's text becomes the run's per-stage policies (the same options reach
     prepare_run and cluster.run)."""
     from pipelab.__main__ import _build, _parser
-    from pipelab.recompute import Policy
+    from pipelab.techniques.recompute import Policy
     parser, _run = _parser()
     for text, policies in [("every-k:2,none", (Policy("every-k", 2), Policy("none"))),
                            ("selective", (Policy("selective"),) * 2)]:

@@ -1,12 +1,12 @@
-"""Consecutive training steps (pipelab.steps): with post-validation the steps tile, and each step
+"""Consecutive training steps (pipelab.schedules.steps): with post-validation the steps tile, and each step
 after the first costs the zero-bubble paper's per-rank span, not the wall-clock of one step."""
 from __future__ import annotations
 
 import pytest
 
 import pipelab as pl
-from pipelab import compare
-from pipelab.steps import consecutive
+from pipelab.views import compare
+from pipelab.schedules.steps import consecutive
 
 
 @pytest.mark.parametrize("F,I,W", [(1, 1, 1), (1, 1.5, 0.5), (2, 1, 1)])

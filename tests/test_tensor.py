@@ -6,9 +6,9 @@ import pytest
 import torch
 
 import pipelab as pl
-from pipelab.model import build_layer
-from pipelab.parallel.tensor import TensorParallel, TensorParallelBlock, unshard
-from pipelab.parallel.tensor_check import check_block, compare_linears
+from pipelab.model.gpt import build_layer
+from pipelab.techniques.tensor import TensorParallel, TensorParallelBlock, unshard
+from pipelab.chapters.tensor_and_pipeline_check import check_block, compare_linears
 from pipelab.runtime.spec import prepare_run
 
 pytestmark = pytest.mark.timeout(180)
@@ -18,7 +18,7 @@ TOL = 1e-5
 
 
 def test_column_and_row_parallel_linears_are_exact(clusters):
-    shards = clusters(2).call("pipelab.parallel.tensor_check:linear_pass", CFG.as_dict())
+    shards = clusters(2).call("pipelab.chapters.tensor_and_pipeline_check:linear_pass", CFG.as_dict())
     errors = compare_linears(CFG, shards)
     assert max(errors.values()) < TOL, errors
     # Only process 0 adds the row-parallel bias: the others hold none (it is summed once).
@@ -33,7 +33,7 @@ def test_a_tensor_parallel_block_is_exact(clusters, deferred):
 
 
 def test_a_block_all_reduces_twice_forward_and_twice_backward(clusters):
-    shards = clusters(2).call("pipelab.parallel.tensor_check:shard_pass", CFG.as_dict(), True)
+    shards = clusters(2).call("pipelab.chapters.tensor_and_pipeline_check:shard_pass", CFG.as_dict(), True)
     assert shards[0]["all_reduces"] == ["forward", "forward", "backward", "backward"]
 
 
@@ -76,7 +76,7 @@ def test_bad_tensor_parallel_arguments_are_refused_before_any_process_starts():
 def test_in_turns_stops_the_work_at_each_pause_and_hands_back_its_result_or_error():
     """The braided backward's mechanism (parallel/braid.py), without processes: the work runs
     only between the generator's resumptions, and its return value / exception come back."""
-    from pipelab.parallel import braid, tensor
+    from pipelab.techniques import tensor, tensor_braid as braid
 
     trace = []
 

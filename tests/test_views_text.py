@@ -12,8 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab.compare import simulate_named  # noqa: E402
-from pipelab.plots import label_candidates, legend_covers, place_legend  # noqa: E402
+from pipelab.sim.compare import simulate_named  # noqa: E402
+from pipelab.views.plots import label_candidates, legend_covers, place_legend  # noqa: E402
 
 
 # --- predict: the feedback says where the answer comes from ------------------------------------

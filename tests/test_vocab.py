@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 import pipelab as pl
-from pipelab.data import context_tokens, corpus_tokens
-from pipelab.parallel.vocab import parameter_bytes, shard_rows, sharded_cross_entropy
+from pipelab.model.data import context_tokens, corpus_tokens
+from pipelab.techniques.vocab import parameter_bytes, shard_rows, sharded_cross_entropy
 
 
 def _unsharded(x, w, t):

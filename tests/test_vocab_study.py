@@ -7,7 +7,7 @@ import statistics
 import pytest
 
 import pipelab as pl
-from pipelab.parallel import vocab_study as vs
+from pipelab.chapters import vocabulary_parallelism as vs
 
 CFG = pl.ModelConfig(n_layers=4, d_model=64, n_heads=4, seq_len=32, vocab_size=32768)
 PROFILE = vs.VocabProfile(CFG, 4, embed=0.0024, block=0.00177, head=0.040, S=0.03, T=0.012,
@@ -49,7 +49,7 @@ def test_vocab_explorer_draws_in_the_kernel_and_redraws(monkeypatch):
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from pipelab import ui
+    from pipelab.views import ui
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

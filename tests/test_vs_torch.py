@@ -162,7 +162,7 @@ def test_call_results_carry_the_load_they_ran_at(cluster, monkeypatch):
     """A call's results say the load average when it was sent and when it came back (what any
     figure measured on this shared machine needs beside it), and still compare as a list."""
     import os
-    from pipelab import noise
+    from pipelab.support import noise
     readings = iter([1.25, 2.5])
     monkeypatch.setattr(noise, "load_average", lambda: next(readings))
     res = cluster.call("os:getpid")

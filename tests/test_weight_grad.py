@@ -9,7 +9,7 @@ from torch import nn
 
 import pipelab as pl
 from pipelab.runtime.meter import ActivationMeter
-from pipelab.weight_grad import Linear, WeightGradStore
+from pipelab.model.weight_grad import Linear, WeightGradStore
 
 CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)   # layers E, t, t, t, t, L
 

@@ -9,7 +9,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab import ui, widgets  # noqa: E402
+from pipelab.views import ui, widgets  # noqa: E402
 
 
 def test_layer_table_and_plot():

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 import pipelab as pl
-from pipelab import exercises, workbench
-from pipelab.exercises import EXERCISES
+from pipelab.chapters.write_your_own_schedule import exercises, workbench
+from pipelab.chapters.write_your_own_schedule.exercises import EXERCISES
 
 CFG = pl.ModelConfig(n_layers=4, d_model=32, n_heads=4, seq_len=16)
 
@@ -168,7 +168,7 @@ def test_check_renders_in_the_kernel_and_shows_an_unexpected_error(monkeypatch):
     import ipywidgets as w
     import matplotlib
     matplotlib.use("Agg")
-    from pipelab import ui
+    from pipelab.views import ui
 
     def captured(*_):
         raise AssertionError("output routed through the Output widget")

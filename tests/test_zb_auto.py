@@ -8,7 +8,8 @@ import itertools
 import pytest
 
 import pipelab as pl
-from pipelab import compare, memory_sweep
+from pipelab.views import compare
+from pipelab.chapters.write_your_own_schedule import memory_sweep
 
 RATIOS = (0.5, 1.0, 2.0)
 COMMS = (0.0, 0.3)

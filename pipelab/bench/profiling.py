@@ -21,7 +21,7 @@ CATEGORIES = (
                                    "runtime/stage.py", "schedules/")),
     ("autograd engine (backward)", ("run_backward", "autograd/__init__.py", "autograd/graph.py",
                                      "_tensor.py:backward")),
-    ("model forward (modules, ops)", ("torch/nn/", "pipelab/model.py", "built-in method torch.",
+    ("model forward (modules, ops)", ("torch/nn/", "pipelab/model/gpt.py", "built-in method torch.",
                                       "of 'torch._C", "torch/functional.py", "_tensor.py")),
 )
 

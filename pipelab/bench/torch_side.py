@@ -19,8 +19,8 @@ import time
 
 import torch
 
-from ..data import get_batch
-from ..model import ModelConfig, build_layers, loss_fn
+from ..model.data import get_batch
+from ..model.gpt import ModelConfig, build_layers, loss_fn
 from ..schedules import loop_placement, v_placement
 
 #: pipelab schedule name -> (torch class, placement style). zb-h1/zb-h2 have no exact torch

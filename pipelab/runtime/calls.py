@@ -114,7 +114,7 @@ def call_all(pool, name: str, data: bytes, timeout: float,
     Raises WorkerError (an exception in a worker, or a death) or PipelineTimeout (no answer from
     every rank within `timeout` seconds); the caller then discards the workers.
     """
-    from ..noise import load_average
+    from ..support.noise import load_average
     from .pool import POLL
     load_before = load_average()
     for conn in pool.conns:

@@ -196,7 +196,7 @@ class LocalCluster:
         if progress and spec.steps > 1:
             from tqdm.auto import tqdm   # here, not at import: workers never need IPython
             bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
-        from ..noise import StatusLine, load_average
+        from ..support.noise import StatusLine, load_average
         # One step: a transient line saying where the ranks are (only where someone watches).
         line = StatusLine(enabled=None if progress and bar is None else False)
         load_before = load_average()
@@ -281,7 +281,7 @@ class LocalCluster:
 def _status(spec, states, reports: dict, elapsed: float) -> str:
     """"1f1b: actions 5/16 9/16 done done · 1.2 s · load 2.3": each rank's progress through its
     actions of the current step (or "done"), the time waited and the machine's load."""
-    from ..noise import load_average
+    from ..support.noise import load_average
     where = []
     for rank, state in enumerate(states):
         if rank in reports or state.state == DONE:

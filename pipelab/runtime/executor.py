@@ -20,25 +20,25 @@ from contextlib import contextmanager
 import torch
 import torch.distributed as dist
 
-from ..data import get_batch
-from ..model import ModelConfig, ToyGPT, loss_fn
-from ..moe import loss_share
+from ..model.data import get_batch
+from ..model.gpt import ModelConfig, ToyGPT, loss_fn
+from ..model.moe import loss_share
 from ..schedules import comm_plan
 from . import p2p
 from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
-from ..weight_grad import WeightGradStore
+from ..model.weight_grad import WeightGradStore
 from .handlers import HANDLERS, run_setups
 from . import collectives  # noqa: F401  (registers the AR handler)
-from .versions import weight_versions   # (and registers the U handler)
-from .. import recompute  # noqa: F401  (registers the R kind and handler)
-from ..parallel import vocab_passes  # noqa: F401  (registers the vocabulary passes' handlers)
+from ..techniques.async_versions import weight_versions   # (and registers the U handler)
+from ..techniques import recompute  # noqa: F401  (registers the R kind and handler)
+from ..techniques import vocab_passes  # noqa: F401  (registers the vocabulary passes' handlers)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
 from .stage import RankStages, StepState
-from ..parallel.tensor import TensorParallel
-from ..parallel import braid as _braid  # noqa: F401  (registers the braided F, B, I and W)
+from ..techniques.tensor import TensorParallel
+from ..techniques import tensor_braid as _braid  # noqa: F401  (registers the braided F, B, I and W)
 
 
 def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
@@ -69,7 +69,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), tp)
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     if spec.expert_parallel > 1:                 # this replica keeps its share of the experts
-        from ..parallel.expert import place_experts
+        from ..techniques.expert import place_experts
         place_experts(stages.modules.values(), process_group(mesh.dp_group(pp)), replica,
                       spec.expert_parallel, lambda detail: board.mark(rank, detail), spec.link)
     params = stages.parameters()
@@ -107,7 +107,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         with recording(spec.cfg.moe) as records, loss_share(1.0 / (state.m * state.replicas)):
             report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
         if records:
-            from ..parallel.expert import step_records
+            from ..techniques.expert import step_records
             step = report["steps"][-1]
             step["events"], step["routing"], step["link_waits"] = step_records(records,
                                                                                 step["actions"])
@@ -134,7 +134,7 @@ def recording(on: bool):
     if not on:
         yield []
         return
-    from ..moe import recording as moe_recording
+    from ..model.moe import recording as moe_recording
     with moe_recording() as records:
         yield records
 

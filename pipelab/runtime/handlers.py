@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from ..model import loss_fn
+from ..model.gpt import loss_fn
 from ..schedules import Action
 from .stage import StepState
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..parallel.data_parallel import REDUCE
-from ..parallel.expert import IN_ALL_TO_ALL
+from ..techniques.data_parallel import REDUCE
+from ..techniques.expert import IN_ALL_TO_ALL
 from .board import DONE, RECV, RUN, RankState
 from .errors import PipelineTimeout
 from .watchdog import describe, diagnose, never_started, progress, ready_since, setting_up

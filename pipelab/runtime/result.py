@@ -6,13 +6,13 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..data import get_batch
-from ..model import ToyGPT
-from ..parallel.data_parallel import REDUCE
-from ..parallel.tensor import TP_REDUCE, unshard
+from ..model.data import get_batch
+from ..model.gpt import ToyGPT
+from ..techniques.data_parallel import REDUCE
+from ..techniques.tensor import TP_REDUCE, unshard
 from ..schedules.kinds import KIND_SPECS
-from ..simulate import Costs, simulate
-from ..timeline import Event, Timeline
+from ..sim.simulate import Costs, simulate
+from ..sim.timeline import Event, Timeline
 from ..schedules.actions import Action
 from .spec import RunSpec
 
@@ -92,7 +92,7 @@ class RunResult:
     def stage_parameter_bytes(self) -> list[int]:
         """Bytes of float32 parameters of each stage (also what its gradient all-reduce moves),
         from the byte model."""
-        from ..memory import parameter_bytes
+        from ..model.memory import parameter_bytes
         return [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
 
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
@@ -323,7 +323,7 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     its link time to the pass (the median over its microbatches). The measured spans of those
     collectives are dropped from the table: the formula prices them instead. `reports`: one
     process per pipeline rank (replica 0, shard 0)."""
-    from ..memory import _blocks
+    from ..model.memory import _blocks
     from ..schedules.reductions import REPLICA_SUM
     link, mesh = spec.link, spec.mesh
     priced = (REDUCE, REPLICA_SUM, TP_REDUCE)          # the formula prices these
@@ -443,10 +443,10 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                                        for rep in reports},
                        load=next((rep["load"] for rep in every if "load" in rep), None))
     if any("versions" in rep for rep in reports):
-        from .versions import assemble_versions
+        from ..techniques.async_versions import assemble_versions
         result.versions = assemble_versions(spec, reports, result)
     if spec.cfg.moe:
-        from ..routing import routing_of
+        from ..techniques.expert_routing import routing_of
         result.routing = [routing_of([rep["steps"][k] for replica in replicas for rep in replica],
                                      sched.microbatches) for k in range(last + 1)]
     if result.versions is None and spec.check:

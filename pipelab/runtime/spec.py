@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from ..checks import boolean, positive_int, positive_number, seed as check_seed
-from ..data import VOCAB_SIZE
-from ..link import Link, check_link
-from ..model import ModelConfig
-from ..partition import Partition, partition as make_partition
+from ..model.data import VOCAB_SIZE
+from ..sim.link import Link, check_link
+from ..model.gpt import ModelConfig
+from ..model.partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
 from ..schedules.kinds import KIND_SPECS
 from .plugins import plugins_for
@@ -44,7 +44,7 @@ class RunSpec:
 
     @property
     def mesh(self):
-        from ..parallel.mesh import Mesh
+        from ..techniques.mesh import Mesh
         return Mesh(pp=self.schedule.ranks, dp=self.data_parallel, tp=self.tensor_parallel)
 
     @property
@@ -104,7 +104,7 @@ def _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recomput
     """Refuse a run that cannot fit in this machine's memory (footprint.py), before the split
     (which lists every layer) or any worker; the arguments checked later are taken as given
     when they are valid, else at their defaults."""
-    from ..footprint import check_run
+    from ..model.footprint import check_run
     m = schedule.microbatches
 
     def valid(value) -> bool:
@@ -145,8 +145,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     all-reduce is inserted into the schedule (`with_data_parallel`) unless it already has them.
     `expert_parallel` divides the experts over the data-parallel group (data_parallel becomes
     expert_parallel). `link` (a pl.Link) makes every message and collective wait as on it."""
-    from ..parallel.data_parallel import has_reductions, with_data_parallel
-    from ..parallel.expert import check_expert_parallel
+    from ..techniques.data_parallel import has_reductions, with_data_parallel
+    from ..techniques.expert import check_expert_parallel
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
@@ -193,13 +193,13 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
                          "embedding and the head share a weight but would live on different "
                          "stages; use tie_embeddings=False")
     if tp > 1:
-        from ..parallel.tensor import check_divisible
+        from ..techniques.tensor import check_divisible
         check_divisible(cfg.n_heads, cfg.ffn_width, tp)
     _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recompute)
     bounds, method = _bounds(cfg, schedule.model_slices, partition, sharded)
     # One entry per stage: weight replicas (routes.py) compute the same layers.
     bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
-    from ..recompute import prepare as prepare_recompute
+    from ..techniques.recompute import prepare as prepare_recompute
     schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
     if tp > 1 and (policies or sharded or "U" in schedule.kinds() or cfg.moe):
         raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
@@ -221,7 +221,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     boolean("check", check)
     positive_int("steps", steps)
     positive_number("lr", lr)
-    from .versions import check_versioned_run
+    from ..techniques.async_versions import check_versioned_run
     check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),

@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..data import split_microbatches
-from ..model import ModelConfig, build_layers
+from ..model.data import split_microbatches
+from ..model.gpt import ModelConfig, build_layers
 from ..schedules import Action
-from ..weight_grad import WeightGradStore
+from ..model.weight_grad import WeightGradStore
 
 
 class RankStages:
@@ -21,7 +21,7 @@ class RankStages:
 
     def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
                  tp=None):
-        from ..parallel.tensor import TensorParallel, shard_layers
+        from ..techniques.tensor import TensorParallel, shard_layers
         self.bounds = bounds
         self.tp = tp or TensorParallel()      # this process's tensor-parallel shard (or whole)
         self.modules = {s: shard_layers(build_layers(cfg, *bounds[s]), self.tp) for s in stages}

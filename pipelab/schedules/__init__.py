@@ -11,8 +11,8 @@ from .graph import execution_order, timed_run
 from .validate import ScheduleError, validate
 
 # Generators register themselves on import.
-from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream,  # noqa: E402,F401
-               stp, vocab, zero_bubble, zb_auto)
+from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream, stp, vocab,
+               zero_bubble, zb_auto)
 
 __all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
            "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",

@@ -14,7 +14,7 @@ from itertools import islice
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from ..atomic import write_text
+from ..support.atomic import write_text
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
 from .actions import Action
 

@@ -111,7 +111,7 @@ def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
 
 def _unit_starts(actions: list[list[Action]], m: int) -> dict[Action, tuple[float, float]]:
     """(start, end) of each action with F=1, B=2, the constants the authors place S with."""
-    from ..simulate import Costs, simulate
+    from ..sim.simulate import Costs, simulate
     base = Schedule(actions, tuple(range(len(actions))), m, name="1f1b+warm-up")
     return {e.action: (e.start, e.end) for e in simulate(base, Costs(F=1, I=1, W=1)).events}
 

@@ -38,7 +38,7 @@ from .base import Schedule
 from .registry import register
 
 if TYPE_CHECKING:
-    from ..simulate import Costs
+    from ..sim.simulate import Costs
 
 FLAGS = ("bubble_before_first_i", "skip_forward_for_i", "fill_partial_gaps")
 
@@ -226,7 +226,7 @@ def _memory_limit(memory_limit, ranks: int) -> float:
 
 
 def _cost_table(costs, ranks: int, microbatches: int) -> tuple[dict, float]:
-    from ..simulate import Costs
+    from ..sim.simulate import Costs
     if costs is None:
         costs = Costs()
     if not isinstance(costs, Costs):

@@ -1,0 +1,312 @@
+"""The vocabulary imbalance and its four answers, on one cost model: data for chapter 08.
+
+    baseline        1F1B, blocks split evenly, embedding on the first stage, head on the last
+    redistribution  1F1B, the layer split that balances measured layer times (fewer blocks
+                    where the embedding and the head sit): a layout string like "E+t*3|t+L"
+    vocab-1/2       1F1B with the vocabulary layers sharded over every rank (schedules/vocab.py)
+
+`VocabProfile.measure` times one block, the embedding and the head (forward + backward, CPU
+time, one process) and the output layer's S and T passes over the whole vocabulary; a shard of
+V/p rows costs 1/p of them. `plan` turns a profile into a schedule and a cost table for any
+number of ranks (blocks per rank fixed, as the paper grows layers with devices); `method_table`
+simulates the four side by side, with memory per rank in bytes.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
+from ..model.partition import balanced_bounds
+from ..schedules import Schedule, schedule as make_schedule
+from ..sim.simulate import Costs, simulate
+from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
+from ..views.plots import KIND_COLOURS
+from ..support.threads import one_thread
+
+METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
+# Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
+VOCAB_COLOURS = {"S": "#8C564B", "T": "#E377C2", "C": "#7F7F7F", "Cs": "#7F7F7F",
+                 "Ct": "#595959", "Vf": "#17BECF", "Vb": "#BCBD22"}
+for _kind, _colour in VOCAB_COLOURS.items():
+    KIND_COLOURS.setdefault(_kind, _colour)
+SCHEDULE_OF = {"baseline": "1f1b", "redistribution": "1f1b", "vocab-1": "vocab-1",
+               "vocab-2": "vocab-2"}
+BYTES = 4          # float32
+
+
+def _cpu_times(step, repeats: int, warmup: int = 2) -> list[float]:
+    """CPU seconds of `repeats` calls of `step`, after `warmup` untimed ones."""
+    for _ in range(warmup):
+        step()
+    samples = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        step()
+        samples.append(time.thread_time() - t0)
+    return samples
+
+
+@dataclass
+class VocabProfile:
+    """Measured seconds of one microbatch (`rows` × seq_len tokens), forward + backward."""
+    cfg: ModelConfig
+    rows: int
+    embed: float
+    block: float
+    head: float          # projection + softmax cross-entropy, the whole vocabulary
+    S: float             # the output layer's S pass over the whole vocabulary
+    T: float             # its T pass (dW and dX)
+    block_bytes: int     # activations one block keeps per microbatch
+    # Every repeat behind each median ({"embed"|"block"|"head"|"S"|"T": [seconds, ...]}), for
+    # judging a comparison against the machine's noise (pipelab.support.noise.verdict).
+    samples: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def measure(cls, cfg: ModelConfig, rows: int = 4, repeats: int = 3) -> "VocabProfile":
+        from ..runtime.meter import ActivationMeter
+        with one_thread():
+            gen = torch.Generator().manual_seed(cfg.seed)
+            n = rows * cfg.seq_len
+            idx = torch.randint(cfg.vocab_size, (rows, cfg.seq_len), generator=gen)
+            hidden = torch.randn(rows, cfg.seq_len, cfg.d_model, generator=gen)
+            embed, block = build_layer(cfg, 0), build_layer(cfg, 1)
+            head = build_layer(cfg, cfg.total_layers - 1)
+
+            def run(layer, x, loss=False):
+                out = layer(x)
+                (loss_fn(out, idx) if loss else out).backward(None if loss else hidden)
+
+            samples = {"embed": _cpu_times(lambda: run(embed, idx), repeats),
+                       "block": _cpu_times(lambda: run(block, hidden.clone().requires_grad_()),
+                                           repeats),
+                       "head": _cpu_times(lambda: run(head, hidden.clone().requires_grad_(), True),
+                                          repeats)}
+            x, w, t = hidden.reshape(n, -1), head.out.weight.detach(), idx.reshape(-1)
+            part = shard_forward(x, w, t, 0)
+            grad = torch.full((n,), 1.0 / n)
+            share = rescaled_sum(part, part.row_max) / part.row_sum
+
+            def backward():
+                d = shard_softmax_grad(part, share, grad)
+                return d.t() @ x, d @ w
+            samples["S"] = _cpu_times(lambda: shard_forward(x, w, t, 0), repeats)
+            samples["T"] = _cpu_times(backward, repeats)
+            meter = ActivationMeter(block.parameters())
+            with meter.saving():
+                kept = block(hidden.clone().requires_grad_())
+            del kept
+            med = {kind: statistics.median(values) for kind, values in samples.items()}
+            return cls(cfg, rows, med["embed"], med["block"], med["head"], med["S"], med["T"],
+                       meter.peak, samples)
+
+
+def model_for(cfg: ModelConfig, ranks: int, blocks_per_rank: int) -> ModelConfig:
+    return replace(cfg, n_layers=ranks * blocks_per_rank)
+
+
+def bounds_for(profile: VocabProfile, method: str, ranks: int,
+               blocks_per_rank: int) -> list[tuple[int, int]]:
+    """Layer ranges per stage: blocks evenly (embedding first, head last), or balanced."""
+    n = ranks * blocks_per_rank
+    if method == "redistribution":
+        return balanced_bounds([profile.embed] + [profile.block] * n + [profile.head], ranks)
+    cuts = [0] + [1 + blocks_per_rank * (r + 1) for r in range(ranks - 1)] + [n + 2]
+    return list(zip(cuts[:-1], cuts[1:]))
+
+
+def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
+         blocks_per_rank: int, barrier: float = 0.0) -> tuple[Schedule, Costs, list]:
+    """The schedule, its cost table (F : B = 1 : 2 within each layer's time) and the bounds."""
+    if method not in METHODS:
+        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    bounds = bounds_for(profile, method, ranks, blocks_per_rank)
+    last = ranks * blocks_per_rank + 1
+    sharded = method.startswith("vocab")
+
+    def stage_time(a: int, b: int) -> float:
+        total = 0.0
+        for layer in range(a, b):
+            if layer == 0:
+                total += 0.0 if sharded else profile.embed
+            elif layer == last:
+                total += 0.0 if sharded else profile.head
+            else:
+                total += profile.block
+        return total
+    totals = [stage_time(a, b) for a, b in bounds]
+    kinds = {"S": profile.S / ranks, "T": profile.T / ranks, "Cs": barrier, "Ct": barrier,
+             "C": barrier, "Vf": barrier, "Vb": barrier} if sharded else None
+    costs = Costs(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
+                  W=[t / 3 for t in totals], kinds=kinds, unit="s")
+    sched = make_schedule(SCHEDULE_OF[method], ranks=ranks, microbatches=microbatches)
+    return sched, costs, bounds
+
+
+def memory_bytes(profile: VocabProfile, method: str, ranks: int, blocks_per_rank: int,
+                 bounds, peaks: dict[int, float]) -> list[int]:
+    """Per rank: parameters (float32) plus the activations at the peak: blocks in flight × the
+    block's bytes, the head's log-softmax for one microbatch on the head's rank, or
+    each rank's softmax shard and X copy under vocabulary parallelism. (The head keeps one
+    n × V table for its backward, the log-softmax: what the activation meter measures.)"""
+    cfg = model_for(profile.cfg, ranks, blocks_per_rank)
+    n = profile.rows * cfg.seq_len
+    layers = layer_costs(cfg)
+    sharded = method.startswith("vocab")
+    vocab = parameter_bytes(cfg, ranks, sharded)
+    out = []
+    for r, (a, b) in enumerate(bounds):
+        blocks = sum(1 for i in range(a, b) if 0 < i < cfg.total_layers - 1)
+        params = sum(layers[i]["params"] for i in range(a, b) if 0 < i < cfg.total_layers - 1)
+        acts = peaks[r] * blocks * profile.block_bytes
+        if sharded:
+            rows = vocab[r] // (BYTES * cfg.d_model * (1 if cfg.tie_embeddings else 2))
+            acts += n * (rows + cfg.d_model) * BYTES
+        elif b == cfg.total_layers:
+            acts += n * cfg.vocab_size * BYTES
+        out.append(int(params * BYTES + vocab[r] + acts))
+    return out
+
+
+def method_table(profile: VocabProfile, ranks: int, microbatches: int,
+                 blocks_per_rank: int, barrier: float = 0.0) -> list[dict]:
+    """Simulated step time, per-rank busy time and memory of the four methods."""
+    rows = []
+    for method in METHODS:
+        sched, costs, bounds = plan(profile, method, ranks, microbatches, blocks_per_rank,
+                                    barrier)
+        tl = simulate(sched, costs, source="simulated")
+        peaks = tl.peak_activations()
+        busy = tl.busy()
+        rows.append(dict(method=method, ranks=ranks, step=tl.makespan, timeline=tl,
+                         busy=[busy[r] for r in range(ranks)], bounds=bounds,
+                         memory=memory_bytes(profile, method, ranks, blocks_per_rank, bounds,
+                                             peaks)))
+    base = rows[0]["step"]
+    for row in rows:
+        row["speedup"] = base / row["step"]
+    return rows
+
+
+def format_rows(rows: list[dict]) -> str:
+    lines = [f"{'method':15}{'p':>3}{'step (ms)':>11}{'vs baseline':>13}"
+             f"{'busiest / idlest rank':>23}{'peak memory (MiB), per rank':>30}"]
+    for row in rows:
+        busy = row["busy"]
+        mem = " ".join(f"{m / 2**20:.1f}" for m in row["memory"])
+        lines.append(f"{row['method']:15}{row['ranks']:>3}{row['step'] * 1e3:11.2f}"
+                     f"{row['speedup']:12.2f}x{max(busy) / max(min(busy), 1e-12):22.2f}   {mem}")
+    return "\n".join(lines)
+
+
+def layout_of(cfg: ModelConfig, bounds) -> str:
+    """The bounds as a layout string ("E+t*2|t*2+L")."""
+    from ..model.partition import Partition
+    return Partition(replace(cfg, tie_embeddings=False), bounds, "custom").layout
+
+
+def live_runs(cluster, profile: VocabProfile, microbatches: int, blocks_per_rank: int,
+              batch_size: int | None = None, methods=METHODS, **run) -> dict:
+    """Run each method on the cluster (model: the profile's, `blocks_per_rank` blocks on each
+    of the cluster's ranks), each gradient-checked against the unsplit model."""
+    ranks = cluster.ranks
+    cfg = model_for(profile.cfg, ranks, blocks_per_rank)
+    rows = batch_size or profile.rows * microbatches
+    out = {}
+    for method in methods:
+        sched = make_schedule(SCHEDULE_OF[method], ranks=ranks, microbatches=microbatches)
+        bounds = bounds_for(profile, method, ranks, blocks_per_rank)
+        out[method] = cluster.run(sched, model=cfg, partition=bounds, batch_size=rows, **run)
+    return out
+
+
+def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> list[dict]:
+    """The live runs as `method_table` rows: measured step (wall clock), replayed step (from
+    per-action CPU times), `fitted` step (simulated with the run's median CPU time of each kind
+    on each stage: one slow action moves a replay, not a median), per-rank CPU-busy time, and
+    memory = parameters + measured peak activations (the output-layer shard's kept softmax
+    included, held in the meter)."""
+    rows = []
+    for method, res in runs.items():
+        ranks = res.schedule.ranks
+        cfg = model_for(profile.cfg, ranks, blocks_per_rank)
+        layers = layer_costs(cfg)
+        vocab = parameter_bytes(cfg, ranks, method.startswith("vocab"))
+        params = [sum(layers[i]["params"] for i in range(a, b) if 0 < i < cfg.total_layers - 1)
+                  * BYTES + vocab[r] for r, (a, b) in enumerate(res.spec.bounds)]
+        busy = res.replay.busy()
+        rows.append(dict(method=method, ranks=ranks, step=res.replay.makespan,
+                         measured=res.timeline.makespan, timeline=res.replay,
+                         busy=[busy[r] for r in range(ranks)], bounds=res.spec.bounds,
+                         memory=[int(params[r] + res.peak_activations[r]) for r in range(ranks)],
+                         error=res.max_grad_error, fitted=res.simulated.makespan))
+    for row in rows:
+        row["speedup"] = rows[0]["step"] / row["step"]
+        row["fitted_speedup"] = rows[0]["fitted"] / row["fitted"]
+    return rows
+
+
+def compute_busy(res) -> list[float]:
+    """CPU seconds each rank spent computing in a live run: its actions' CPU time, the
+    collective barriers left out. On the workers a barrier blocks, and its measured time holds
+    the wait for the partner's part of the algebra, which the paper (and our simulator) runs on
+    a side lane beside the compute; this is the work the schedule balances."""
+    from ..schedules.kinds import KIND_SPECS
+    busy = [0.0] * res.schedule.ranks
+    for e in res.timeline.events:
+        if e.cpu is not None and not any(KIND_SPECS[p.kind].collective for p in e.action.parts):
+            busy[e.rank] += e.cpu
+    return busy
+
+
+def plot_methods(rows: list[dict], source: str, axes=None, memory_source: str | None = None):
+    """Per-rank busy time and memory of each method, grouped bars; `source` goes in the titles
+    ("simulated", "replayed", "measured"), `memory_source` in the memory panel's when the
+    memory came from elsewhere (a live run's activation meter)."""
+    import matplotlib.pyplot as plt
+    if axes is None:
+        _fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    ranks = rows[0]["ranks"]
+    width = 0.8 / len(rows)
+    for k, row in enumerate(rows):
+        xs = [r + (k - (len(rows) - 1) / 2) * width for r in range(ranks)]
+        axes[0].bar(xs, [b * 1e3 for b in row["busy"]], width, label=row["method"])
+        axes[1].bar(xs, [m / 2**20 for m in row["memory"]], width, label=row["method"])
+    for ax, what in zip(axes, ("busy time per step (ms)", "peak memory (MiB)")):
+        ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
+        ax.set_ylabel(what)
+    axes[0].set_title(f"compute per rank, p={ranks}\n({source})", fontsize=10)
+    axes[1].set_title(f"parameters + activations per rank\n({memory_source or source})",
+                      fontsize=10)
+    axes[1].legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))     # off the bars
+    axes[0].figure.tight_layout()
+    return axes
+
+
+def vocab_explorer(profiles: dict, ranks: int = 4, microbatches: int = 8,
+                   blocks_per_rank: int = 2):
+    """A vocabulary-size slider over measured profiles ({V: VocabProfile}): per-rank time and
+    memory bars of the four methods, simulated from the measured layer costs."""
+    import ipywidgets as w
+    import matplotlib.pyplot as plt
+    from ..views import ui
+    sizes = sorted(profiles)
+    pick = ui.control(w.SelectionSlider, "vocabulary size V", options=sizes, value=sizes[-1],
+                      continuous_update=False)
+    ranks_box = ui.slider("int", "pipeline ranks p", min=2, max=8, step=2, value=ranks)
+
+    def draw(vocab: int, ranks: int) -> None:
+        rows = method_table(profiles[vocab], ranks, microbatches, blocks_per_rank)
+        plot_methods(rows, f"simulated from measured costs, V={vocab}")
+        plt.show()
+        print(format_rows(rows))
+
+    # Rendered in the kernel (drawn at once, as it is built): no headless hang.
+    out = ui.interactive_output(draw, {"vocab": pick, "ranks": ranks_box})
+    out.layout.min_height = "420px"
+    box = w.VBox([pick, ranks_box, out])
+    box.out = out
+    return box

@@ -1,0 +1,1 @@
+"""Notebook 13: write a schedule as text (workbench), graded exercises, zb-auto memory sweep."""
