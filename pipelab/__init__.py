@@ -9,7 +9,7 @@ from .views import compare, explorer, plots   # notebook helpers; matplotlib, ip
 from .model.data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                          split_microbatches)
 from .model.train import evaluate, sample, train
-from .model.partition import Partition, measure_layer_times, partition
+from .sim.partition import Partition, measure_layer_times, partition
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 from .techniques import Mesh, allreduce_time, with_data_parallel
 from .model import memory

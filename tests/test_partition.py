@@ -11,7 +11,7 @@ import pytest
 matplotlib.use("Agg")
 
 import pipelab as pl
-from pipelab.model.partition import balanced_bounds, parse_layout, uniform_bounds
+from pipelab.sim.partition import balanced_bounds, parse_layout, uniform_bounds
 
 
 def cfg(n_layers: int = 4, **kw) -> pl.ModelConfig:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 import pipelab as pl
-from pipelab.techniques.tensor_overlap import bubbles
+from pipelab.sim.tensor_overlap import bubbles
 
 # papers/stp.md §4 (p=2, m=5), the instruction starting each step, read off the authors' order.
 PAPER = {0: "F F F F F FBd FW FB B FBd B FBd B B B W W B",

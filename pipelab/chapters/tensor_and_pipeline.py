@@ -69,5 +69,5 @@ def compare_tp(ranks: int, microbatches: int, t_ar: float, costs: Costs | None =
 def bubbles(timeline, costs: Costs | None = None) -> dict[int, dict[str, float]]:
     """Per rank, the TP bubble ("tp"), the PP bubble ("pp") and the span of a simulated
     timeline (tp_overlap.bubbles), for the unit costs F = I = W = 1 unless `costs` is given."""
-    from ..techniques.tensor_overlap import bubbles as measure
+    from ..sim.tensor_overlap import bubbles as measure
     return measure(timeline, costs or Costs(F=1, I=1, W=1))

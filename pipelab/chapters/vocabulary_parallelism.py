@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
-from ..model.partition import balanced_bounds
+from ..sim.partition import balanced_bounds
 from ..schedules import Schedule, schedule as make_schedule
 from ..sim.simulate import Costs, simulate
 from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
@@ -204,7 +204,7 @@ def format_rows(rows: list[dict]) -> str:
 
 def layout_of(cfg: ModelConfig, bounds) -> str:
     """The bounds as a layout string ("E+t*2|t*2+L")."""
-    from ..model.partition import Partition
+    from ..sim.partition import Partition
     return Partition(replace(cfg, tie_embeddings=False), bounds, "custom").layout
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 
 from .memory import FLOAT, INDEX, activation_bytes, block_bytes, parameter_bytes
-from .gpt import ModelConfig
+from .config import ModelConfig
 
 MEMINFO = "/proc/meminfo"
 

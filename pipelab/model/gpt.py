@@ -8,87 +8,15 @@ process gets exactly the weights the same layers have in the full model.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, asdict
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..checks import positive_int, seed as check_seed
-from .moe import MoEMLP
+from .config import LAYER_SEED_STRIDE, ModelConfig, shard_rows  # noqa: F401  (pl.ModelConfig)
+from .footprint import check_build
+from .moe import MoEMLP, moe_parameter_counts
 from .weight_grad import Linear
-
-
-LAYER_SEED_STRIDE = 1_000_003
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    n_layers: int = 4
-    d_model: int = 64
-    n_heads: int = 4
-    d_ff: int | None = None          # None means 4 * d_model
-    vocab_size: int = 64
-    seq_len: int = 32
-    seed: int = 0
-    tie_embeddings: bool = False
-    # "chars": token ids are the corpus's characters (52 symbols, whatever vocab_size is);
-    # "contexts": each character is split into vocab_size // 52 variants by its context
-    # (data.context_tokens), so a large vocabulary is used by the data, not just allocated.
-    tokens: str = "chars"
-    n_experts: int | None = None     # None or 0: dense MLPs; E > 0: mixture-of-experts MLPs
-    top_k: int = 1                   # experts per token
-    capacity_factor: float = 1.25    # an expert takes ⌈c · tokens · k / E⌉ tokens of a sequence
-    aux_loss_coef: float = 0.01      # α of the load-balancing loss α · E · Σ fᵢ·Pᵢ
-
-    def __post_init__(self) -> None:
-        for name in ("n_layers", "d_model", "n_heads", "vocab_size", "seq_len"):
-            positive_int(f"ModelConfig.{name}", getattr(self, name))
-        if self.d_ff is not None:
-            positive_int("ModelConfig.d_ff", self.d_ff)      # or None, meaning 4 * d_model
-        # Each layer draws its weights from seed * LAYER_SEED_STRIDE + layer index, which
-        # torch's generator must accept (64 bits): bound the seed so every derived one fits.
-        check_seed("ModelConfig.seed", self.seed, -(2**63 // LAYER_SEED_STRIDE),
-                   (2**64 - self.total_layers) // LAYER_SEED_STRIDE + 1,
-                   f"layer i's weights are seeded with seed × {LAYER_SEED_STRIDE} + i, "
-                   f"which must fit in 64 bits")
-        if not isinstance(self.tie_embeddings, bool):
-            raise ValueError(f"ModelConfig.tie_embeddings must be True or False, "
-                             f"got {self.tie_embeddings!r}")
-        if self.tokens not in ("chars", "contexts"):
-            raise ValueError(f"ModelConfig.tokens must be 'chars' or 'contexts', got {self.tokens!r}")
-        if self.d_model % self.n_heads:
-            raise ValueError(
-                f"ModelConfig.d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        from .moe import check_config
-        check_config(self)
-        if not self.moe and self.top_k != 1:
-            raise ValueError(f"ModelConfig.top_k={self.top_k!r} needs a mixture of experts: it is "
-                             f"the experts each token goes to, so a dense model (n_experts None "
-                             f"or 0) keeps top_k=1; set n_experts to use it")
-
-    @property
-    def moe(self) -> bool:
-        """Whether the blocks' MLPs are mixtures of experts."""
-        return bool(self.n_experts)
-
-    @property
-    def ffn_width(self) -> int:
-        return self.d_ff if self.d_ff is not None else 4 * self.d_model
-
-    @property
-    def token_vocab(self) -> int | None:
-        """The vocabulary the batches are drawn over (data.get_batch's vocab_size): None for
-        the characters themselves."""
-        return self.vocab_size if self.tokens == "contexts" else None
-
-    @property
-    def total_layers(self) -> int:
-        """Embedding + blocks + head: the length of the flat layer list."""
-        return self.n_layers + 2
-
-    def as_dict(self) -> dict:
-        return asdict(self)
 
 
 def _layer_generator(cfg: ModelConfig, index: int) -> torch.Generator:
@@ -201,7 +129,6 @@ def build_layer(cfg: ModelConfig, index: int) -> nn.Module:
     """Layer `index` of the flat list (0 = embedding, last = head), deterministically initialised."""
     if not 0 <= index < cfg.total_layers:
         raise ValueError(f"layer index must be in [0, {cfg.total_layers}), got {index}")
-    from .footprint import check_build       # (it reads memory.py, which imports this module)
     check_build(cfg, index, index + 1)
     if index == 0:
         layer = Embedding(cfg)
@@ -221,7 +148,6 @@ def build_layers(cfg: ModelConfig, start: int, stop: int) -> nn.Sequential:
     With tie_embeddings, the head shares the embedding's weight when the slice holds both."""
     if not 0 <= start < stop <= cfg.total_layers:
         raise ValueError(f"need 0 <= start < stop <= {cfg.total_layers}, got start={start}, stop={stop}")
-    from .footprint import check_build
     check_build(cfg, start, stop)            # in microseconds, before the first allocation
     layers = nn.Sequential(*(build_layer(cfg, i) for i in range(start, stop)))
     if cfg.tie_embeddings and start == 0 and stop == cfg.total_layers:
@@ -265,7 +191,6 @@ def layer_costs(cfg: ModelConfig, batch_size: int = 1) -> list[dict]:
     block_params = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h   # qkv, proj, up, down, two LNs
     mlp_flops = 2 * s * b * 2 * h * f
     if cfg.moe:        # the router and E experts held; the router and k experts run per token
-        from .moe import moe_parameter_counts
         total, _active = moe_parameter_counts(h, f, cfg.n_experts, cfg.top_k)
         block_params += total - (2 * h * f + f + h)
         mlp_flops = 2 * s * b * (h * cfg.n_experts + cfg.top_k * 2 * h * f)

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import math
 
-from .gpt import ModelConfig
+from .config import ModelConfig, shard_rows
 
 FLOAT = 4        # bytes of a float32
 INDEX = 8        # bytes of an int64 token id or position
@@ -133,7 +133,6 @@ def vocab_bytes(cfg: ModelConfig, rows: int, ranks: int, rank: int) -> tuple[int
     parameters, bytes its S keeps for its T per microbatch). The shard holds V_r rows of the
     token table and of the output projection (one table when tied); S keeps its copy of X
     (t·h floats) and the shard's softmax (t·V_r floats), held in the meter until T."""
-    from ..techniques.vocab import shard_rows
     first, stop = shard_rows(cfg.vocab_size, ranks, rank)
     t, h, tables = rows * cfg.seq_len, cfg.d_model, 1 if cfg.tie_embeddings else 2
     return tables * (stop - first) * h * FLOAT, (t * h + t * (stop - first)) * FLOAT

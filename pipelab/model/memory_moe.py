@@ -16,7 +16,7 @@ GELU (2·f) and its output (h).
 """
 from __future__ import annotations
 
-from .gpt import ModelConfig
+from .config import ModelConfig
 
 FLOAT, INDEX = 4, 8
 

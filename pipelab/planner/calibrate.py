@@ -153,7 +153,7 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
     from dataclasses import replace
 
     from ..model.memory import parameter_bytes
-    from ..model.partition import uniform_bounds
+    from ..sim.partition import uniform_bounds
     from ..schedules import schedule
     ranks = cluster.ranks
     if ranks < 2:

@@ -34,7 +34,7 @@ from ..checks import at_most, names, positive_int, positive_ints
 from ..model.memory import action_bytes, static_bytes
 from ..model.gpt import ModelConfig
 from ..techniques import with_data_parallel
-from ..model.partition import balanced_bounds
+from ..sim.partition import balanced_bounds
 from .costs import stage_costs
 from ..techniques.recompute import policies, with_recompute
 from ..schedules import SCHEDULES, Action, schedule as make_schedule

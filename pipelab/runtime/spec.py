@@ -12,7 +12,7 @@ from ..checks import boolean, positive_int, positive_number, seed as check_seed
 from ..model.data import VOCAB_SIZE
 from ..sim.link import Link, check_link
 from ..model.gpt import ModelConfig
-from ..model.partition import Partition, partition as make_partition
+from ..sim.partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
 from ..schedules.kinds import KIND_SPECS
 from .plugins import plugins_for

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from .actions import Action, B, F
 from .base import Schedule
+from .graph import execution_order, timed_run
 from .kinds import ACTIVATION, EMBEDDED, OUTPUT_GRADIENT, Input, register_kind
 from .registry import register
 
@@ -110,10 +111,12 @@ def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
 
 
 def _unit_starts(actions: list[list[Action]], m: int) -> dict[Action, tuple[float, float]]:
-    """(start, end) of each action with F=1, B=2, the constants the authors place S with."""
-    from ..sim.simulate import Costs, simulate
+    """(start, end) of each action with F=1, B=2, the constants the authors place S with (timed
+    along the schedule's own dataflow graph: a generator does not need the simulator)."""
     base = Schedule(actions, tuple(range(len(actions))), m, name="1f1b+warm-up")
-    return {e.action: (e.start, e.end) for e in simulate(base, Costs(F=1, I=1, W=1)).events}
+    unit = {"F": 1.0, "B": 2.0}
+    return {step: (start, end) for _, step, start, end
+            in timed_run(execution_order(base), lambda a: unit[a[1]])}
 
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:

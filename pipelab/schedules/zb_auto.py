@@ -31,14 +31,10 @@ import math
 import numbers
 from dataclasses import dataclass, field
 from itertools import product
-from typing import TYPE_CHECKING
 
 from .actions import Action
 from .base import Schedule
 from .registry import register
-
-if TYPE_CHECKING:
-    from ..sim.simulate import Costs
 
 FLAGS = ("bubble_before_first_i", "skip_forward_for_i", "fill_partial_gaps")
 
@@ -226,10 +222,11 @@ def _memory_limit(memory_limit, ranks: int) -> float:
 
 
 def _cost_table(costs, ranks: int, microbatches: int) -> tuple[dict, float]:
-    from ..sim.simulate import Costs
+    """{(kind, stage): time} for F, I and W, and the message latency, from a `pl.Costs` (read
+    through its interface: a generator does not import the simulator); None: all ones."""
     if costs is None:
-        costs = Costs()
-    if not isinstance(costs, Costs):
+        return {(k, s): 1.0 for k in "FIW" for s in range(ranks)}, 0.0
+    if not all(hasattr(costs, name) for name in ("of", "per", "comm", "F", "I", "W")):
         raise ValueError(f"costs must be a pl.Costs (e.g. pl.Costs(F=1, I=1, W=1)), "
                          f"got {type(costs).__name__}")
     for kind in "FIW":
@@ -242,7 +239,7 @@ def _cost_table(costs, ranks: int, microbatches: int) -> tuple[dict, float]:
 
 
 @register("zb-auto")
-def zb_auto(ranks: int, microbatches: int, costs: "Costs | None" = None,
+def zb_auto(ranks: int, microbatches: int, costs=None,
             memory_limit: float | None = None, i_frees: float = 0.0) -> Schedule:
     """The best of the greedy's eight variants for these costs (default F = I = W = 1, no
     comm) and this memory limit (default `ranks`, ZB-H1's peak), with I freeing `i_frees` of a

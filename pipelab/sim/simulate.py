@@ -21,7 +21,7 @@ from ..schedules.gcpause import without_gc
 from ..schedules.graph import step_times
 from ..schedules.kinds import KIND_SPECS
 from .timeline import Event, Timeline
-from ..techniques.tensor_overlap import TP_REDUCE, data_edge, step_time
+from .tensor_overlap import TP_REDUCE, data_edge, step_time
 
 Cost = float | Sequence[float]
 _new = tuple.__new__     # builds an Event without the named tuple's slower constructor

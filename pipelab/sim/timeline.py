@@ -15,6 +15,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..support.atomic import replacing
+from ..support.drawers import draw
 from ..schedules.actions import Action
 from ..schedules.kinds import collective_kinds, comm_kinds
 
@@ -360,12 +361,10 @@ class Timeline:
 
     def plot(self, ax=None, title: str | None = None):
         """Gantt chart: one row per rank, a colour per action kind, microbatch numbers in boxes."""
-        from ..views.plots import plot_gantt
-        return plot_gantt(self, ax=ax, title=title)
+        return draw("gantt", self, ax=ax, title=title)
 
     def plot_memory(self, ax=None, title: str | None = None):
-        from ..views.plots import plot_memory
-        return plot_memory(self, ax=ax, title=title)
+        return draw("memory", self, ax=ax, title=title)
 
     def summary(self) -> dict:
         return {"source": self.source, "makespan": self.makespan,

@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.gpt import AttentionCore, Block
-from .tensor_overlap import TP_REDUCE  # noqa: F401  (the timelines' kind of its all-reduces)
+from ..sim.tensor_overlap import TP_REDUCE  # noqa: F401  (the timelines' kind of its all-reduces)
 from ..model.weight_grad import Linear
 
 

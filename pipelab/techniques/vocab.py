@@ -21,14 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..model.gpt import ModelConfig
-
-
-def shard_rows(vocab_size: int, ranks: int, rank: int) -> tuple[int, int]:
-    """[first, stop) rows of shard `rank`: contiguous, sizes differing by at most one."""
-    base, extra = divmod(vocab_size, ranks)
-    first = rank * base + min(rank, extra)
-    return first, first + base + (1 if rank < extra else 0)
+from ..model.gpt import ModelConfig, shard_rows  # noqa: F401  (re-exported: the shards of this technique)
 
 
 @dataclass

@@ -239,7 +239,7 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
     from . import ui
-    from ..model.partition import METHODS, partition
+    from ..sim.partition import METHODS, partition
     stages = ui.slider("int", "stages", value=min(4, cfg.total_layers), min=1,
                        max=max_stages or cfg.total_layers)
     method = ui.control(widgets.Dropdown, "method", options=METHODS, value="cost")

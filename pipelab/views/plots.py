@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from .plots_fit import fitted_label_class, legend_covers, place_legend  # noqa: F401
+from ..support.drawers import register_drawer
 
 KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868",
                 "AR": "#333333",    # a gradient all-reduce, drawn on the rank's communication lane
@@ -309,3 +310,9 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
 from .plots_balance import (BALANCE_COLOURS, BALANCE_LABELS, VOCAB_LAYER_COLOUR, plot_balance,
                             plot_layer_costs, plot_partitions)
 from .plots_sweep import SweepTable, plot_sweep, sweep  # noqa: E402,F401
+
+# What `Timeline.plot()`, `Timeline.plot_memory()` and `Partition.plot()` draw (the simulator's
+# floor asks by name, support/drawers.py, so it never imports this floor).
+register_drawer("gantt", plot_gantt)
+register_drawer("memory", plot_memory)
+register_drawer("balance", plot_balance)

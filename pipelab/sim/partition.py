@@ -19,8 +19,10 @@ from typing import Sequence
 import torch
 
 from ..checks import at_most, positive_int
-from .gpt import ModelConfig, build_layer, layer_costs, loss_fn
+from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
+from ..support.drawers import draw
 from ..support.threads import one_thread
+from .simulate import Costs
 
 METHODS = ("uniform", "params", "cost")
 _TOKEN = re.compile(r"(E|L|t)(?:\*(\d+))?")
@@ -76,7 +78,6 @@ class Partition:
         """A `pl.Costs` with one forward per stage taken from its load (`by` / `per_unit`:
         MFLOP by default; for measured "times" give per_unit=1, unit="s"), and a full backward of `backward_ratio` × the forward, split evenly between
         I and W: what `pl.simulate` needs to time this split."""
-        from ..sim.simulate import Costs
         forward = [v / per_unit for v in self.loads(by)]
         half = [backward_ratio / 2 * f for f in forward]
         return Costs(F=forward, I=half, W=list(half), comm=comm, unit=unit)
@@ -114,8 +115,7 @@ class Partition:
 
     def plot(self, ax=None, title: str | None = None):
         """Balance bar chart: each stage's share of params, FLOPs and (if measured) time."""
-        from ..views.plots import plot_balance
-        return plot_balance(self, ax=ax, title=title)
+        return draw("balance", self, ax=ax, title=title)
 
 
 def partition(cfg: ModelConfig, stages: int | None = None, method: str = "uniform", *,
