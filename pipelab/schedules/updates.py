@@ -26,7 +26,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, cached_with_index, gradient_edges, gradient_passes, register_kind
+from .kinds import UPDATE as UPDATE_ROLE
+from .kinds import (VERSION_SELECT, Input, cached_with_index, gradient_edges, gradient_passes,
+                    register_kind)
 
 UPDATE = "U"
 SELECT = "V"
@@ -65,7 +67,8 @@ def _update_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(UPDATE, "optimizer update of the stage's weights (makes a new weight version)",
-              inputs=_update_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
+              inputs=_update_inputs, cost=lambda costs, stage: 0.0, module="pipelab",
+              role=UPDATE_ROLE, colour="#937860", label="update")
 
 
 def _select_inputs(schedule, a: Action) -> list[Input]:
@@ -74,7 +77,8 @@ def _select_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(SELECT, "switch the stage's forwards to the weight version an update made",
-              inputs=_select_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
+              inputs=_select_inputs, cost=lambda costs, stage: 0.0, module="pipelab",
+              role=VERSION_SELECT, colour="#c9b8a8", label="version")
 
 
 def update(stage: int, microbatch: int) -> Action:
