@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
 from .kinds import UPDATE as UPDATE_ROLE
-from .kinds import (VERSION_SELECT, Input, cached_with_index, gradient_edges, gradient_passes,
-                    register_kind)
+from .kinds import (FORWARD, INPUT_GRAD, VERSION_SELECT, Input, cached_with_index,
+                    gradient_edges, gradient_passes, kinds_with_role, register_kind)
 
 UPDATE = "U"
 SELECT = "V"
@@ -130,6 +130,7 @@ def version_plan(schedule) -> VersionPlan:
     selecting = {part[0] for acts in schedule.actions for item in acts for part in item.parts
                  if part[1] == SELECT}
     source, last_use, position = {}, {}, {}
+    forwards = kinds_with_role(FORWARD)     # the passes that read a weight version
     for acts in schedule.actions:
         newest: dict[int, Action | None] = {}
         chosen: dict[int, Action | None] = {}
@@ -141,7 +142,7 @@ def version_plan(schedule) -> VersionPlan:
                     newest[stage] = part
                 elif kind == SELECT:
                     chosen[stage] = _new(Action, (stage, UPDATE, mb))
-                elif kind == "F":
+                elif kind in forwards:
                     source[(stage, mb)] = (chosen if stage in selecting else newest).get(stage)
                 if kind not in (UPDATE, SELECT) and mb != NO_MICROBATCH:
                     last_use[(stage, mb)] = i
@@ -170,8 +171,9 @@ def check_updates(schedule) -> None:
     from .validate import ScheduleError
     schedule.reindex()            # the actions may have been edited since the last look
     updates = updates_by_stage(schedule)
+    halves = kinds_with_role(INPUT_GRAD)
     split = [(rank, i, part) for rank, acts in enumerate(schedule.actions)
-             for i, item in enumerate(acts) for part in item.parts if part[1] == "I"]
+             for i, item in enumerate(acts) for part in item.parts if part[1] in halves]
     if updates and split:
         # Measured before this rule: zb-h1 with an update after each W, gradient errors of 1–10
         # (an update applied the LayerNorm gradients of a microbatch it does not cover).
