@@ -253,11 +253,10 @@ def byte_rules() -> dict[str, str]:
 
 
 def unit_effects(i_frees: float) -> dict[str, float]:
-    """{kind: its change of live activations, in forwards' units}, for the kinds that change
-    them; an input-gradient pass frees the share `i_frees`, its weight-gradient pass the rest."""
-    effects = {k: memory_rules.unit_effect(spec.bytes, spec.memory, i_frees)
-               for k, spec in KIND_SPECS.items()}
-    return {k: v for k, v in effects.items() if v}
+    """{kind: its change of live activations, in forwards' units} for every kind (0: none); an
+    input-gradient pass frees the share `i_frees`, its weight-gradient pass the rest."""
+    return {k: memory_rules.unit_effect(spec.bytes, spec.memory, i_frees)
+            for k, spec in KIND_SPECS.items()}
 
 
 def _gradient_passes(schedule) -> dict[tuple[int, int], str]:
