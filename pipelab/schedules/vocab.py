@@ -84,10 +84,10 @@ def _free(costs, stage: int) -> float:
 # parallel.vocab.vocab_costs, which derives them from the model's FLOPs.
 register_kind("S", "output-layer forward of this rank's vocabulary shard",
               inputs=_output_inputs, cost=_free, module="pipelab", role=SHARD_PASS,
-              bytes=KEEPS_SHARD, colour="#8C564B", label="head forward")
+              bytes=KEEPS_SHARD, colour="#8C564B", label="head fwd")
 register_kind("T", "output-layer backward of this rank's vocabulary shard",
               inputs=_softmax_grad_inputs, cost=_free, module="pipelab", role=SHARD_PASS,
-              bytes=FREES_SHARD, colour="#E377C2", label="head backward")
+              bytes=FREES_SHARD, colour="#E377C2", label="head bwd")
 register_kind("Cs", "vocabulary barrier C0: all-reduce of the max and the sum of exponentials",
               inputs=_after_every("S"), members=_all_ranks, lane="comm", cost=_free,
               module="pipelab", role=COMMUNICATION, colour="#7F7F7F", label="barrier C0")
@@ -101,10 +101,10 @@ register_kind("C", "vocabulary barrier: max, sum of exponentials and input gradi
               label="barrier")
 register_kind("Vf", "input-embedding forward: in-shard lookups, all-reduced",
               members=_all_ranks, lane="comm", cost=_free, output=EMBEDDED, module="pipelab",
-              role=SHARD_PASS, colour="#17BECF", label="embedding forward")
+              role=SHARD_PASS, colour="#17BECF", label="embed fwd")
 register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-added per shard",
               inputs=_embedding_grad_inputs, members=_all_ranks, lane="comm", cost=_free,
-              module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embedding backward")
+              module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embed bwd")
 
 
 def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:

@@ -134,7 +134,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             ax.add_artist(labels[e])
     ax.pipelab_bars, ax.pipelab_labels = bars, labels
     handles = [Patch(color=kind_colour(k),
-                     label=f"{kind_legend(k)} (comm lane)" if k in beside else kind_legend(k))
+                     label=f"{kind_legend(k)}\n(comm lane)" if k in beside else kind_legend(k))
                for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
                                key=_legend_order)]
     if multi:
