@@ -6,6 +6,11 @@ and, for a collective, which ranks run it together. The dataflow graph (graph.py
 these specs and feeds the validator, the communication plan, the simulator, the watchdog and
 the runtime alike: a new kind is one `register_kind` call (plus a runtime handler), not an edit
 of six files.
+
+A spec also carries its role (ROLES: forward, backward, input gradient, ...), which part of a
+microbatch's training it completes (the validator's completeness rule), its byte rule (the
+byte model's and the simulator's memory effect, model/memory_rules.py), and the colour and
+label charts draw it with. Nothing downstream tests a kind's letter for these.
 """
 from __future__ import annotations
 
