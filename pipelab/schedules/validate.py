@@ -5,7 +5,7 @@ with `register_kind` is validated like the built-in ones. The dry run itself liv
 """
 from __future__ import annotations
 
-from collections import Counter, defaultdict
+from collections import defaultdict
 from itertools import chain
 from operator import itemgetter
 
@@ -188,48 +188,63 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
     return seen
 
 
+# The same parts counted in base-16 digits, for the explaining check (a kind appears once per
+# (stage, microbatch), so a digit counts the distinct kinds that complete that part).
+_DIGIT = {FORWARD: 1, BACKWARD: 16, INPUT_GRAD: 256, WEIGHT_GRAD: 4096}
+_SOUND_SUMS = (1 + 16, 1 + 256 + 4096)
+
+
 def _check_complete(s) -> None:
     """Every (stage, microbatch) runs a kind that completes its forward and one that completes
     its backward, or one of each half of a split backward (the kinds' `completes`)."""
-    part_of = {k: spec.completes for k, spec in KIND_SPECS.items() if spec.completes}
-    done: dict[tuple[int, int], list[str]] = defaultdict(list)   # the kinds that complete it
+    weight = {k: _DIGIT[spec.completes] for k, spec in KIND_SPECS.items() if spec.completes}
+    done: dict[tuple[int, int], int] = defaultdict(int)
     for acts in s.actions:
         for item in acts:
-            for stage, kind, m in ((item,) if type(item) is Action else item):
-                if kind in part_of:
-                    done[(stage, m)].append(kind)
+            if type(item) is Action:             # the common case, without a loop
+                if item[1] in weight:
+                    done[(item[0], item[2])] += weight[item[1]]
+                continue
+            for stage, kind, m in item:
+                if kind in weight:
+                    done[(stage, m)] += weight[kind]
     routing = _microbatch_routes(s, done)
-    named = {part: _kind_completing(part) for part in COMPLETES}      # for the messages
     for stage in range(s.stages):
         rank = s.placement[stage]
         end = [(rank, len(s.actions[rank]))]
         for m in range(s.microbatches):
             if routing is not None and routing[0][m] != routing[1][stage]:
                 continue                 # another route's microbatch: it never comes here
-            kinds = done.get((stage, m), [])
-            has = Counter(part_of[k] for k in kinds)
-            if has[FORWARD] == 1 and (has[BACKWARD], has[INPUT_GRAD], has[WEIGHT_GRAD]) in \
-                    ((1, 0, 0), (0, 1, 1)):
-                continue
-            twice = [p for p in COMPLETES if has[p] > 1]
-            if twice:
-                which = [f"{stage}{k}{m}" for k in kinds if part_of[k] == twice[0]]
-                raise ScheduleError(f"microbatch {m} on stage {stage} completes its {twice[0]} "
-                                    f"twice ({' and '.join(which)}); keep one", s)
-            f, b, i, w = (named[p] for p in COMPLETES)
-            if not has[FORWARD]:
-                raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
-                                    f"({stage}{f}{m} is missing on rank {rank})", s, end)
-            if has[BACKWARD] and (has[INPUT_GRAD] or has[WEIGHT_GRAD]):
-                raise ScheduleError(f"microbatch {m} on stage {stage} has a full backward {stage}{b}{m} "
-                                    f"and a split one ({stage}{i}{m}/{stage}{w}{m}); use one or the other", s)
-            if not (has[BACKWARD] or has[INPUT_GRAD]):
-                raise ScheduleError(f"stage {stage} never runs the backward of microbatch {m} "
-                                    f"(needs {stage}{b}{m}, or {stage}{i}{m} then {stage}{w}{m}, on rank {rank})",
-                                    s, end)
-            missing = w if has[INPUT_GRAD] else i
-            raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
-                                f"{stage}{i}{m} and {stage}{w}{m} (on rank {rank})", s, end)
+            value = done.get((stage, m), 0)
+            if value not in _SOUND_SUMS:
+                _explain_incomplete(s, stage, m, {p: value // d % 16 for p, d in _DIGIT.items()},
+                                    end)
+
+
+def _explain_incomplete(s, stage: int, m: int, has: dict[str, int], end) -> None:
+    """Raise the ScheduleError that says what (stage, microbatch) `m` lacks or has twice."""
+    rank = s.placement[stage]
+    twice = [p for p in COMPLETES if has[p] > 1]
+    if twice:
+        which = [str(part) for acts in s.actions for item in acts for part in item.parts
+                 if part[0] == stage and part[2] == m
+                 and KIND_SPECS[part[1]].completes == twice[0]]
+        raise ScheduleError(f"microbatch {m} on stage {stage} completes its {twice[0]} "
+                            f"twice ({' and '.join(which)}); keep one", s)
+    f, b, i, w = (_kind_completing(p) for p in COMPLETES)         # named in the messages
+    if not has[FORWARD]:
+        raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
+                            f"({stage}{f}{m} is missing on rank {rank})", s, end)
+    if has[BACKWARD] and (has[INPUT_GRAD] or has[WEIGHT_GRAD]):
+        raise ScheduleError(f"microbatch {m} on stage {stage} has a full backward {stage}{b}{m} "
+                            f"and a split one ({stage}{i}{m}/{stage}{w}{m}); use one or the other", s)
+    if not (has[BACKWARD] or has[INPUT_GRAD]):
+        raise ScheduleError(f"stage {stage} never runs the backward of microbatch {m} "
+                            f"(needs {stage}{b}{m}, or {stage}{i}{m} then {stage}{w}{m}, on rank {rank})",
+                            s, end)
+    missing = w if has[INPUT_GRAD] else i
+    raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
+                        f"{stage}{i}{m} and {stage}{w}{m} (on rank {rank})", s, end)
 
 
 def _kind_completing(part: str) -> str:
