@@ -12,9 +12,10 @@ import torch.distributed as dist
 from pipelab.runtime import register_handler
 from pipelab.runtime.plugins import process_group
 from pipelab.schedules import Action, Input, register_kind
+from pipelab.schedules.kinds import COMMUNICATION
 from pipelab.schedules.graph import members_of
 
-register_kind("SY", "step-wide sync (test collective)", per_microbatch=False,
+register_kind("SY", "step-wide sync (test collective)", per_microbatch=False, role=COMMUNICATION,
               members=lambda schedule, action: tuple(range(schedule.ranks)),
               cost=lambda costs, stage: 0.25)
 
@@ -33,10 +34,11 @@ def sync(state, action, inputs):
 # float64) back to stage 0, which checks what it got. A wrong shape or dtype from the plan
 # would hang or garble the transfer.
 register_kind("Ls", "send the microbatch's loss back (test)", output="loss copy",
+              role=COMMUNICATION,
               inputs=lambda schedule, a: [Input("saved", Action(a.stage, "F", a.microbatch),
                                                 carries=False)],
               cost=lambda costs, stage: 0.0)
-register_kind("Lr", "receive the microbatch's loss (test)",
+register_kind("Lr", "receive the microbatch's loss (test)", role=COMMUNICATION,
               inputs=lambda schedule, a: [Input("loss", Action(schedule.stages - 1, "Ls",
                                                                a.microbatch))],
               cost=lambda costs, stage: 0.0)

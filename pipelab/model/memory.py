@@ -27,6 +27,8 @@ from __future__ import annotations
 import math
 
 from .config import ModelConfig, shard_rows
+from .memory_rules import (FREES, FREES_BUT_STASH, FREES_STASH, FREES_SHARD, KEEPS, KEEPS_SHARD,
+                           RESTORES)
 
 FLOAT = 4        # bytes of a float32
 INDEX = 8        # bytes of an int64 token id or position
@@ -298,17 +300,21 @@ def check_policy(policy: str, k: int | None = None) -> int | None:
 def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
                  vocab: bool = False, tensor: int = 1,
                  expert: int = 1) -> dict[str, list[tuple[int, int]]]:
-    """Per kind, per stage: (bytes added at its start, bytes released at its end) by one
-    microbatch's action — F keeps the policy's bytes, R restores the rest (and holds its
-    transient), B releases all, I all but what it leaves W (with its own transient), W that.
-    `policies`: one recompute.Policy (or None for `none`) per stage. `vocab`: the vocabulary
-    is sharded over the ranks (one stage each): S on stage r keeps rank r's `vocab_bytes`,
-    its T lets them go. `tensor`: on one of t tensor-parallel shards; `expert`: experts over
-    that many processes (an MoE model's bytes are memory_moe's bound)."""
-    out: dict[str, list[tuple[int, int]]] = {kind: [] for kind in "FRBIW"}
+    """Per byte rule (memory_rules), per stage: (bytes added at its start, bytes released at
+    its end) by one microbatch's action following that rule — a forward keeps the policy's
+    bytes, a recomputation restores the rest (and holds its transient), a full backward
+    releases all, an input-gradient pass all but what it leaves the weight-gradient pass (with
+    its own transient), that pass the rest. `policies`: one recompute.Policy (or None for
+    `none`) per stage. `vocab`: the vocabulary is sharded over the ranks (one stage each): the
+    shard's forward on stage r keeps rank r's `vocab_bytes`, its backward lets them go.
+    `tensor`: on one of t tensor-parallel shards; `expert`: experts over that many processes
+    (an MoE model's bytes are memory_moe's bound). Which kind follows which rule is the kind's
+    spec (`Timeline.byte_rules()`)."""
+    out: dict[str, list[tuple[int, int]]] = {rule: [] for rule in (KEEPS, RESTORES, FREES,
+                                                                    FREES_BUT_STASH, FREES_STASH)}
     if vocab:
         kept = [vocab_bytes(cfg, rows, len(bounds), r)[1] for r in range(len(bounds))]
-        out["S"], out["T"] = [(b, 0) for b in kept], [(0, b) for b in kept]
+        out[KEEPS_SHARD], out[FREES_SHARD] = [(b, 0) for b in kept], [(0, b) for b in kept]
     for s, (start, stop) in enumerate(bounds):
         p = policies[s] if policies else None
         name, k = (p.name, p.k) if p is not None else ("none", None)
@@ -318,19 +324,21 @@ def action_bytes(cfg: ModelConfig, bounds, rows: int, policies=None,
         extra = transient_bytes(cfg, start, stop, rows, name, k)
         stash = weight_grad_bytes(cfg, start, stop, rows, vocab, tensor, expert)
         moment = input_grad_transient(cfg, start, stop, rows)
-        out["F"].append((kept, 0))
-        out["R"].append((full - kept + extra, extra))
-        out["B"].append((0, full))
-        out["I"].append((moment, full - stash + moment))
-        out["W"].append((0, stash))
+        out[KEEPS].append((kept, 0))
+        out[RESTORES].append((full - kept + extra, extra))
+        out[FREES].append((0, full))
+        out[FREES_BUT_STASH].append((moment, full - stash + moment))
+        out[FREES_STASH].append((0, stash))
     return out
 
 
 def byte_curves(timeline, cfg: ModelConfig, bounds, rows: int,
                 policies=None) -> dict[int, list[tuple[float, int]]]:
     """Live activation bytes per rank along a timeline's events (simulated, or measured: the
-    model replayed in the order and at the times the run took), as step curves."""
-    effects = action_bytes(cfg, bounds, rows, policies)
+    model replayed in the order and at the times the run took), as step curves. Each kind
+    follows its spec's byte rule (`timeline.byte_rules()`)."""
+    table = action_bytes(cfg, bounds, rows, policies)
+    effects = {kind: table[rule] for kind, rule in timeline.byte_rules().items() if rule in table}
     changes: dict[int, list[tuple[float, int]]] = {r: [] for r in range(timeline.ranks)}
     for e in timeline.events:
         for part in e.action.parts:

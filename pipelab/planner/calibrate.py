@@ -21,6 +21,7 @@ import torch
 
 from ..checks import positive_int
 from ..model.gpt import ModelConfig, build_layer, loss_fn
+from ..schedules.kinds import BACKWARD, FORWARD, KIND_SPECS, RECOMPUTE, kinds_with_role
 from ..support.threads import one_thread
 
 DEFAULT_LATENCY = 2e-4       # s per message: loopback gloo between two processes, measured here
@@ -163,11 +164,12 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
     bounds = uniform_bounds(cfg.total_layers, ranks)
     moved = 2 * (ranks - 1) / ranks * parameter_bytes(cfg, 0, cfg.total_layers)
     latency, overhead, reduce = [], [], []
+    timed = kinds_with_role(FORWARD, BACKWARD)      # the passes the layer-time model predicts
     for _ in range(rounds):
         res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,
                           partition=bounds, batch_size=m * rows, check=False, progress=False)
         extra = [(e.cpu if e.cpu is not None else e.duration) - _modelled(cal, e.action, bounds, rows)
-                 for e in res.timeline.events if e.action.kind in ("F", "B")]
+                 for e in res.timeline.events if e.action.kind in timed]
         latency.append(res.comm_latency)
         overhead.append(max(0.0, statistics.median(extra)))
         replicas = cluster.run(schedule("gpipe", ranks=1, microbatches=1), model=cfg,
@@ -177,13 +179,14 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
                   # the ring's 2(n−1) rounds each pay one message latency (allreduce_time)
                   bandwidth=moved / max(min(reduce) - 2 * (ranks - 1) * min(latency), 1e-9))
     scale = []                                   # each policy's R, measured against the model
+    recomputes = kinds_with_role(RECOMPUTE)
     for policy in ("selective", "full", "every-k"):
         res = cluster.run(schedule("1f1b", ranks=ranks, microbatches=m), model=cfg,
                           partition=bounds, batch_size=m * rows, check=False, progress=False,
                           recompute=policy)
         ratios = [((e.cpu if e.cpu is not None else e.duration) - cal.overhead)
                   / cal.recompute_time(*bounds[e.action.stage], rows, policy)
-                  for e in res.timeline.events if e.action.kind == "R"
+                  for e in res.timeline.events if e.action.kind in recomputes
                   and cal.recompute_time(*bounds[e.action.stage], rows, policy) > 0]
         if ratios:
             scale.append((policy, max(1.0, statistics.median(ratios))))
@@ -192,6 +195,6 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
 
 def _modelled(cal: Calibration, action, bounds, rows: int) -> float:
     a, b = bounds[action.stage]
-    if action.kind == "F":
+    if KIND_SPECS[action.kind].role == FORWARD:
         return cal.forward_time(a, b, rows)
     return sum(cal.backward_time(a, b, rows))

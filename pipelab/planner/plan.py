@@ -39,6 +39,7 @@ from .costs import stage_costs
 from ..techniques.recompute import policies, with_recompute
 from ..schedules import SCHEDULES, Action, schedule as make_schedule
 from ..schedules.gcpause import without_gc
+from ..schedules.kinds import byte_rules
 from ..sim.simulate import simulate
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "vocab-1",
@@ -297,7 +298,10 @@ def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
                             c.tensor, c.expert)
     table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab,
                          c.tensor, c.expert)
-    c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(v).T) for kind, v in table.items()})
+    # Each kind's bytes are those of its spec's byte rule.
+    c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(table[rule]).T)
+                                              for kind, rule in byte_rules().items()
+                                              if rule in table})
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
 
 

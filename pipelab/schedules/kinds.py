@@ -6,13 +6,21 @@ and, for a collective, which ranks run it together. The dataflow graph (graph.py
 these specs and feeds the validator, the communication plan, the simulator, the watchdog and
 the runtime alike: a new kind is one `register_kind` call (plus a runtime handler), not an edit
 of six files.
+
+A spec also carries its role (ROLES: forward, backward, input gradient, ...), which part of a
+microbatch's training it completes (the validator's completeness rule), its byte rule (the
+byte model's and the simulator's memory effect, model/memory_rules.py), and the colour and
+label charts draw it with. Nothing downstream tests a kind's letter for these.
 """
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+from ..model import memory_rules
+from ..model.memory_rules import BYTE_RULES, FREES, FREES_BUT_STASH, FREES_STASH, KEEPS, RESTORES
 from .actions import NO_MICROBATCH, Action
 
 ACTIVATION = "activation"
@@ -23,6 +31,32 @@ SAVED = "saved activations"       # what a backward reads on its own stage: F's,
 # token ids, and where the last stage's backward starts instead of a loss computed on it.
 EMBEDDED = "embedded input"
 OUTPUT_GRADIENT = "output gradient"
+
+
+# --- roles: what a kind does in a training step (a small closed set) -----------------------------
+FORWARD = "forward"                  # a stage's forward pass
+BACKWARD = "backward"                # a full backward: input and weight gradients at once (I + W)
+INPUT_GRAD = "input gradient"        # the half of a split backward that feeds the stage before
+WEIGHT_GRAD = "weight gradient"      # the other half: the stage's weight gradients
+RECOMPUTE = "recompute"              # a forward run again to restore dropped activations
+SHARD_PASS = "shard pass"            # compute on a shard of a layer outside the stages (vocabulary)
+COMMUNICATION = "communication"      # moves activations or gradients between ranks
+REDUCTION = "reduction"              # sums gradients over replicas of the same weights
+UPDATE = "update"                    # an optimizer step inside the schedule
+VERSION_SELECT = "version select"    # switches the weight version later forwards read
+OTHER = "other"                      # anything else (the default)
+ROLES = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD, RECOMPUTE, SHARD_PASS, COMMUNICATION,
+         REDUCTION, UPDATE, VERSION_SELECT, OTHER)
+
+# Completeness: every (stage, microbatch) runs one kind that completes its forward and either
+# one that completes its backward or one of each half of a split backward. A kind declares
+# which of these it completes (`completes=`); by default, the training roles complete
+# themselves and no other role completes anything.
+COMPLETES = (FORWARD, BACKWARD, INPUT_GRAD, WEIGHT_GRAD)
+# The byte rule a role follows unless the kind declares another (memory_rules).
+_ROLE_BYTES = {FORWARD: KEEPS, BACKWARD: FREES, INPUT_GRAD: FREES_BUT_STASH,
+               WEIGHT_GRAD: FREES_STASH, RECOMPUTE: RESTORES}
+_UNSET = object()
 
 
 class Input(NamedTuple):
@@ -50,6 +84,12 @@ class KindSpec:
     #                                    all-reduce), on a lane of its own in the simulator and plots
     tp_reduce: bool = False            # under tensor parallelism, ends in an all-reduce of its
     #                                    output (forward) or input gradient (backward)
+    role: str = OTHER                  # one of ROLES
+    completes: str | None = None       # which part of a (stage, microbatch) it completes: COMPLETES
+    bytes: str | None = None           # its byte rule (memory_rules.BYTE_RULES), or None
+    colour: str | None = None          # its colour in charts (None: the charts' colour for others)
+    label: str = ""                    # a short name for legends and sliders ("forward")
+    owner: str = "__main__"            # the module that registered it: only it may replace it
 
     @property
     def collective(self) -> bool:
@@ -64,26 +104,52 @@ VERSION = [0]
 
 
 def register_kind(kind: str, description: str, *, inputs: Callable | None = None,
-                  output: str | None = None, memory: float = 0.0, cost: Callable | None = None,
-                  per_microbatch: bool = True, members: Callable | None = None,
-                  module: str | None = None, lane: str = "compute",
-                  tp_reduce: bool = False) -> KindSpec:
-    """Add (or replace) an action kind. `inputs(schedule, action)` lists its `Input` edges
-    (default: none); `members(schedule, action)` makes it a collective of those ranks;
-    `lane="comm"` runs it beside the rank's compute (the simulator gives each rank a
-    communication lane, so a reduction overlaps the actions after it); `tp_reduce=True`: with
-    tensor parallelism it ends in an all-reduce (the simulator charges `Costs.tp_allreduce`)."""
+                  output: str | None = None, memory: float | None = None,
+                  cost: Callable | None = None, per_microbatch: bool = True,
+                  members: Callable | None = None, module: str | None = None,
+                  lane: str = "compute", tp_reduce: bool = False, role: str = OTHER,
+                  completes: str | None | object = _UNSET, bytes: str | None | object = _UNSET,
+                  colour: str | None = None, label: str = "", replace: bool = False) -> KindSpec:
+    """Add an action kind. `inputs(schedule, action)` lists its `Input` edges (default: none);
+    `members(schedule, action)` makes it a collective of those ranks; `lane="comm"` runs it
+    beside the rank's compute (the simulator gives each rank a communication lane, so a
+    reduction overlaps the actions after it); `tp_reduce=True`: with tensor parallelism it ends
+    in an all-reduce (the simulator charges `Costs.tp_allreduce`).
+
+    `role` (one of ROLES) says what it does; `completes` which part of a (stage, microbatch)'s
+    training it stands for in the validator's completeness check (default: its role, if a
+    training role); `bytes` its byte rule (memory_rules; default: its role's); `memory` its
+    constant change of live activations in forwards' units (default: its byte rule's);
+    `colour` and `label` how charts show it.
+
+    A kind another module registered is replaced only with `replace=True`; the module that
+    registered it (a notebook cell run again, a module reloaded) may register it again."""
     if lane not in ("compute", "comm"):
         raise ValueError(f"lane must be 'compute' or 'comm', got {lane!r}")
     if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
         raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
-    if not isinstance(memory, (int, float)):
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))):
         raise ValueError(f"memory must be a number (units of one forward's activations), got {memory!r}")
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {', '.join(map(repr, ROLES))}, got {role!r}")
+    if completes is _UNSET:
+        completes = role if role in COMPLETES else None
+    if completes is not None and completes not in COMPLETES:
+        raise ValueError(f"completes must be one of {', '.join(map(repr, COMPLETES))} or None, "
+                         f"got {completes!r}")
+    rule = memory_rules.check_rule(_ROLE_BYTES.get(role) if bytes is _UNSET else bytes)
+    owner = sys._getframe(1).f_globals.get("__name__", "__main__")
+    old = KIND_SPECS.get(kind)
+    if old is not None and old.owner != owner and not replace:
+        raise ValueError(f"action kind {kind!r} is already registered by {old.owner} "
+                         f"({old.description}); pass replace=True to replace it, or choose "
+                         f"another letter")
     if module is None:          # the registering module: workers import it from there
-        import sys
-        module = sys._getframe(1).f_globals.get("__name__", "__main__")
+        module = owner
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
-                    float(memory), cost, per_microbatch, members, module, lane, tp_reduce)
+                    float(memory_rules.default_memory(rule) if memory is None else memory),
+                    cost, per_microbatch, members, module, lane, tp_reduce, role, completes,
+                    rule, colour, label, owner)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
     VERSION[0] += 1
@@ -135,17 +201,19 @@ def _weight_inputs(schedule, a: Action) -> list[Input]:
     return [_new(Input, ("saved", _new(Action, (a[0], "I", a[2])), False))]
 
 
-register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, memory=+1.0,
-              module="pipelab", tp_reduce=True)
+register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, role=FORWARD,
+              module="pipelab", tp_reduce=True, colour="#4C72B0", label="forward")
 register_kind("B", "full backward (I + W)", inputs=_backward_inputs, output=INPUT_GRADIENT,
-              memory=-1.0, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
-              module="pipelab", tp_reduce=True)
+              role=BACKWARD, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
+              module="pipelab", tp_reduce=True, colour="#DD8452", label="backward")
 # How much of a forward's activations I frees (and W the rest) is a property of the model: the
-# simulator takes it as `i_frees`; the runtime measures it.
+# simulator takes it as `i_frees` (the byte rules FREES_BUT_STASH and FREES_STASH); the
+# runtime measures it.
 register_kind("I", "input-gradient backward", inputs=_backward_inputs, output=INPUT_GRADIENT,
-              memory=0.0, module="pipelab", tp_reduce=True)
-register_kind("W", "weight-gradient backward", inputs=_weight_inputs, memory=-1.0,
-              module="pipelab")
+              role=INPUT_GRAD, module="pipelab", tp_reduce=True, colour="#C44E52",
+              label="input gradient")
+register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGHT_GRAD,
+              module="pipelab", colour="#55A868", label="weight gradient")
 
 # The kind a (stage, microbatch) uses when its producer of `output` is missing: for messages.
 DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B", SAVED: "F"}
@@ -179,12 +247,30 @@ def gradient_passes(schedule) -> dict[tuple[int, int], str]:
     return cached_with_index(schedule, "_weight_pass", _gradient_passes)
 
 
+def kinds_with_role(*roles: str) -> set[str]:
+    """The registered kinds whose role is one of `roles`."""
+    return {k for k, spec in KIND_SPECS.items() if spec.role in roles}
+
+
+def byte_rules() -> dict[str, str]:
+    """{kind: its byte rule} for every kind that has one (read by the byte model)."""
+    return {k: spec.bytes for k, spec in KIND_SPECS.items() if spec.bytes is not None}
+
+
+def unit_effects(i_frees: float) -> dict[str, float]:
+    """{kind: its change of live activations, in forwards' units} for every kind (0: none); an
+    input-gradient pass frees the share `i_frees`, its weight-gradient pass the rest."""
+    return {k: memory_rules.unit_effect(spec.bytes, spec.memory, i_frees)
+            for k, spec in KIND_SPECS.items()}
+
+
 def _gradient_passes(schedule) -> dict[tuple[int, int], str]:
+    finishing = kinds_with_role(BACKWARD, WEIGHT_GRAD)   # the passes that leave .grad complete
     kinds = {}
     for acts in schedule.actions:
         for item in acts:
             for part in item.parts:
-                if part[1] in ("B", "W"):
+                if part[1] in finishing:
                     kinds[(part[0], part[2])] = part[1]
     return kinds
 

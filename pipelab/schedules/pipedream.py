@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .actions import Action
 from .base import Schedule
+from .kinds import BACKWARD, FORWARD, WEIGHT_GRAD, kinds_with_role
 from .one_f_one_b import one_f_one_b
 from .registry import register
 from .updates import select, update
@@ -31,13 +32,14 @@ from .updates import select, update
 def with_updates(schedule: Schedule, every: int, name: str) -> Schedule:
     """`schedule` with an update `sU<mb>` right after the backward of every `every`-th
     microbatch on each stage (mb = every−1, 2·every−1, …): one continuous stream, no flush."""
+    finishing = kinds_with_role(BACKWARD, WEIGHT_GRAD)   # the passes that complete .grad
     actions = []
     for acts in schedule.actions:
         out = []
         for item in acts:
             out.append(item)
             for stage, kind, mb in item.parts:
-                if kind in ("B", "W") and (mb + 1) % every == 0:
+                if kind in finishing and (mb + 1) % every == 0:
                     out.append(update(stage, mb))
         actions.append(out)
     return Schedule(actions, schedule.placement, schedule.microbatches, name=name)
@@ -70,12 +72,13 @@ def pipedream_2bw(ranks: int, microbatches: int, per_update: int | None = None) 
 def _lagged(schedule: Schedule, m: int) -> Schedule:
     """`schedule` with `sV<(b−1)·m−1>` before the first forward of each batch b ≥ 2 on every
     stage: the batch reads the version made by the update after batch b − 2."""
+    forwards = kinds_with_role(FORWARD)
     actions = []
     for acts in schedule.actions:
         out = []
         for item in acts:
             out += [select(stage, mb - m - 1) for stage, kind, mb in item.parts
-                    if kind == "F" and mb % m == 0 and mb >= 2 * m]
+                    if kind in forwards and mb % m == 0 and mb >= 2 * m]
             out.append(item)
         actions.append(out)
     return Schedule(actions, schedule.placement, schedule.microbatches, name=schedule.name)
@@ -88,12 +91,13 @@ def flushed(schedule: Schedule, steps: int) -> Schedule:
     from ..checks import positive_int
     positive_int("steps", steps)
     m = schedule.microbatches
+    finishing = kinds_with_role(BACKWARD, WEIGHT_GRAD)
     actions = []
     for acts in schedule.actions:
         last = {}
         for i, item in enumerate(acts):
             for part in item.parts:
-                if part.kind in ("B", "W"):
+                if part.kind in finishing:
                     last[part.stage] = i
         out = []
         for k in range(steps):

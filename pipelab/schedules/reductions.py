@@ -14,7 +14,7 @@ such stage (the one on route 0), on every one of those ranks.
 from __future__ import annotations
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, gradient_edges, gradient_passes, register_kind
+from .kinds import REDUCTION, Input, gradient_edges, gradient_passes, register_kind
 
 REPLICA_SUM = "G"      # the kind's name: the validator and the runtime look for it by this
 
@@ -53,7 +53,7 @@ def _replica_cost(costs, stage: int) -> float:
 register_kind(REPLICA_SUM, "sum of a model part's gradients over its weight replicas",
               inputs=lambda schedule, a: gradient_inputs(schedule, replica_stages(schedule, a[0])),
               per_microbatch=False, members=_replica_members, lane="comm", cost=_replica_cost,
-              module="pipelab")
+              module="pipelab", role=REDUCTION, label="replica sum")
 
 
 def replica_sum(stage: int) -> Action:

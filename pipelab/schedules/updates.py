@@ -26,7 +26,9 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
-from .kinds import Input, cached_with_index, gradient_edges, gradient_passes, register_kind
+from .kinds import UPDATE as UPDATE_ROLE
+from .kinds import (FORWARD, INPUT_GRAD, VERSION_SELECT, Input, cached_with_index,
+                    gradient_edges, gradient_passes, kinds_with_role, register_kind)
 
 UPDATE = "U"
 SELECT = "V"
@@ -65,7 +67,8 @@ def _update_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(UPDATE, "optimizer update of the stage's weights (makes a new weight version)",
-              inputs=_update_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
+              inputs=_update_inputs, cost=lambda costs, stage: 0.0, module="pipelab",
+              role=UPDATE_ROLE, colour="#937860", label="update")
 
 
 def _select_inputs(schedule, a: Action) -> list[Input]:
@@ -74,7 +77,8 @@ def _select_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(SELECT, "switch the stage's forwards to the weight version an update made",
-              inputs=_select_inputs, cost=lambda costs, stage: 0.0, module="pipelab")
+              inputs=_select_inputs, cost=lambda costs, stage: 0.0, module="pipelab",
+              role=VERSION_SELECT, colour="#c9b8a8", label="version")
 
 
 def update(stage: int, microbatch: int) -> Action:
@@ -126,6 +130,7 @@ def version_plan(schedule) -> VersionPlan:
     selecting = {part[0] for acts in schedule.actions for item in acts for part in item.parts
                  if part[1] == SELECT}
     source, last_use, position = {}, {}, {}
+    forwards = kinds_with_role(FORWARD)     # the passes that read a weight version
     for acts in schedule.actions:
         newest: dict[int, Action | None] = {}
         chosen: dict[int, Action | None] = {}
@@ -137,7 +142,7 @@ def version_plan(schedule) -> VersionPlan:
                     newest[stage] = part
                 elif kind == SELECT:
                     chosen[stage] = _new(Action, (stage, UPDATE, mb))
-                elif kind == "F":
+                elif kind in forwards:
                     source[(stage, mb)] = (chosen if stage in selecting else newest).get(stage)
                 if kind not in (UPDATE, SELECT) and mb != NO_MICROBATCH:
                     last_use[(stage, mb)] = i
@@ -166,8 +171,9 @@ def check_updates(schedule) -> None:
     from .validate import ScheduleError
     schedule.reindex()            # the actions may have been edited since the last look
     updates = updates_by_stage(schedule)
+    halves = kinds_with_role(INPUT_GRAD)
     split = [(rank, i, part) for rank, acts in enumerate(schedule.actions)
-             for i, item in enumerate(acts) for part in item.parts if part[1] == "I"]
+             for i, item in enumerate(acts) for part in item.parts if part[1] in halves]
     if updates and split:
         # Measured before this rule: zb-h1 with an update after each W, gradient errors of 1–10
         # (an update applied the LayerNorm gradients of a microbatch it does not cover).

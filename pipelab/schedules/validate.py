@@ -15,7 +15,7 @@ from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from .actions import NO_MICROBATCH, Action
 from .gcpause import without_gc
 from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
-from .kinds import KIND_SPECS, KINDS
+from .kinds import BACKWARD, COMPLETES, FORWARD, INPUT_GRAD, KIND_SPECS, KINDS, WEIGHT_GRAD
 from .reductions import REPLICA_SUM
 from .routes import replicas, route_of_stage, route_problem
 
@@ -57,8 +57,9 @@ def validate(schedule) -> list:
         raise
 
 
-# Bits of the training kinds, and the sums a sound (stage, microbatch) has: F+B or F+I+W.
-_BIT = {"F": 1, "B": 2, "I": 4, "W": 8}
+# Bits of the parts a kind completes (its spec's `completes`), and the sums a sound
+# (stage, microbatch) has: a forward and a backward, or a forward and both halves of a split one.
+_BIT = {FORWARD: 1, BACKWARD: 2, INPUT_GRAD: 4, WEIGHT_GRAD: 8}
 _SOUND_BITS = (1 + 2, 1 + 4 + 8)
 
 
@@ -86,7 +87,7 @@ def _plainly_sound(s) -> bool:
     key = np.sort((stage * len(plain) + kind) * m + mb)
     if (key[1:] == key[:-1]).any():
         return False                   # an action twice
-    bit = np.array([_BIT.get(k, 0) for k in plain])[kind]
+    bit = np.array([_BIT.get(KIND_SPECS[k].completes, 0) for k in plain])[kind]
     has = np.bincount(stage * m + mb, weights=bit, minlength=stages * m)
     return bool(np.isin(has, _SOUND_BITS).all())
 
@@ -187,48 +188,68 @@ def _check_actions(s) -> dict[Action, tuple[int, int]]:
     return seen
 
 
-# Kinds one (stage, microbatch) may run, in any order (duplicates are rejected earlier).
-_SOUND = {"FB", "BF", "FIW", "FWI", "IFW", "IWF", "WFI", "WIF"}
-_TRAINING = frozenset("FBIW")
+# The same parts counted in base-16 digits, for the explaining check (a kind appears once per
+# (stage, microbatch), so a digit counts the distinct kinds that complete that part).
+_DIGIT = {FORWARD: 1, BACKWARD: 16, INPUT_GRAD: 256, WEIGHT_GRAD: 4096}
+_SOUND_SUMS = (1 + 16, 1 + 256 + 4096)
 
 
 def _check_complete(s) -> None:
-    """Every (stage, microbatch) runs a forward and a backward (B, or I and W)."""
-    kinds: dict[tuple[int, int], str] = defaultdict(str)
+    """Every (stage, microbatch) runs a kind that completes its forward and one that completes
+    its backward, or one of each half of a split backward (the kinds' `completes`)."""
+    weight = {k: _DIGIT[spec.completes] for k, spec in KIND_SPECS.items() if spec.completes}
+    done: dict[tuple[int, int], int] = defaultdict(int)
     for acts in s.actions:
         for item in acts:
-            if type(item) is Action:
-                if item[1] in _TRAINING:
-                    kinds[(item[0], item[2])] += item[1]
+            if type(item) is Action:             # the common case, without a loop
+                if item[1] in weight:
+                    done[(item[0], item[2])] += weight[item[1]]
                 continue
             for stage, kind, m in item:
-                if kind in _TRAINING:
-                    kinds[(stage, m)] += kind
-    routing = _microbatch_routes(s, kinds)
+                if kind in weight:
+                    done[(stage, m)] += weight[kind]
+    routing = _microbatch_routes(s, done)
     for stage in range(s.stages):
         rank = s.placement[stage]
         end = [(rank, len(s.actions[rank]))]
         for m in range(s.microbatches):
             if routing is not None and routing[0][m] != routing[1][stage]:
                 continue                 # another route's microbatch: it never comes here
-            has = kinds.get((stage, m), "")
-            if has in _SOUND:
-                continue
-            has = set(has)
-            if "F" not in has:
-                raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
-                                    f"({stage}F{m} is missing on rank {rank})", s, end)
-            if "B" in has and has & {"I", "W"}:
-                raise ScheduleError(f"microbatch {m} on stage {stage} has a full backward {stage}B{m} "
-                                    f"and a split one ({stage}I{m}/{stage}W{m}); use one or the other", s)
-            if not has & {"B", "I"}:
-                raise ScheduleError(f"stage {stage} never runs the backward of microbatch {m} "
-                                    f"(needs {stage}B{m}, or {stage}I{m} then {stage}W{m}, on rank {rank})",
-                                    s, end)
-            if ("I" in has) != ("W" in has):
-                missing = "W" if "I" in has else "I"
-                raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
-                                    f"{stage}I{m} and {stage}W{m} (on rank {rank})", s, end)
+            value = done.get((stage, m), 0)
+            if value not in _SOUND_SUMS:
+                _explain_incomplete(s, stage, m, {p: value // d % 16 for p, d in _DIGIT.items()},
+                                    end)
+
+
+def _explain_incomplete(s, stage: int, m: int, has: dict[str, int], end) -> None:
+    """Raise the ScheduleError that says what (stage, microbatch) `m` lacks or has twice."""
+    rank = s.placement[stage]
+    twice = [p for p in COMPLETES if has[p] > 1]
+    if twice:
+        which = [str(part) for acts in s.actions for item in acts for part in item.parts
+                 if part[0] == stage and part[2] == m
+                 and KIND_SPECS[part[1]].completes == twice[0]]
+        raise ScheduleError(f"microbatch {m} on stage {stage} completes its {twice[0]} "
+                            f"twice ({' and '.join(which)}); keep one", s)
+    f, b, i, w = (_kind_completing(p) for p in COMPLETES)         # named in the messages
+    if not has[FORWARD]:
+        raise ScheduleError(f"stage {stage} never runs the forward of microbatch {m} "
+                            f"({stage}{f}{m} is missing on rank {rank})", s, end)
+    if has[BACKWARD] and (has[INPUT_GRAD] or has[WEIGHT_GRAD]):
+        raise ScheduleError(f"microbatch {m} on stage {stage} has a full backward {stage}{b}{m} "
+                            f"and a split one ({stage}{i}{m}/{stage}{w}{m}); use one or the other", s)
+    if not (has[BACKWARD] or has[INPUT_GRAD]):
+        raise ScheduleError(f"stage {stage} never runs the backward of microbatch {m} "
+                            f"(needs {stage}{b}{m}, or {stage}{i}{m} then {stage}{w}{m}, on rank {rank})",
+                            s, end)
+    missing = w if has[INPUT_GRAD] else i
+    raise ScheduleError(f"{stage}{missing}{m} is missing: a split backward needs both "
+                        f"{stage}{i}{m} and {stage}{w}{m} (on rank {rank})", s, end)
+
+
+def _kind_completing(part: str) -> str:
+    """The first registered kind that completes `part` (the built-in one), for messages."""
+    return next((k for k, spec in KIND_SPECS.items() if spec.completes == part), f"<{part}>")
 
 
 def _microbatch_routes(s, kinds: dict) -> tuple[list[int], list[int]] | None:

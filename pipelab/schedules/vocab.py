@@ -29,7 +29,9 @@ from __future__ import annotations
 from .actions import Action, B, F
 from .base import Schedule
 from .graph import execution_order, timed_run
-from .kinds import ACTIVATION, EMBEDDED, OUTPUT_GRADIENT, Input, register_kind
+from ..model.memory_rules import FREES_SHARD, KEEPS_SHARD
+from .kinds import (ACTIVATION, COMMUNICATION, EMBEDDED, OUTPUT_GRADIENT, SHARD_PASS, Input,
+                    register_kind)
 from .registry import register
 
 VOCAB_KINDS = frozenset({"S", "T", "Cs", "Ct", "C", "Vf", "Vb"})
@@ -82,23 +84,28 @@ def _free(costs, stage: int) -> float:
 # Costs default to zero: give them in the table (pl.Costs(kinds={"S": ..., "T": ...})), or use
 # parallel.vocab.vocab_costs, which derives them from the model's FLOPs.
 register_kind("S", "output-layer forward of this rank's vocabulary shard",
-              inputs=_output_inputs, cost=_free, module="pipelab")
+              inputs=_output_inputs, cost=_free, module="pipelab", role=SHARD_PASS,
+              bytes=KEEPS_SHARD, colour="#8C564B", label="head fwd")
 register_kind("T", "output-layer backward of this rank's vocabulary shard",
-              inputs=_softmax_grad_inputs, cost=_free, module="pipelab")
+              inputs=_softmax_grad_inputs, cost=_free, module="pipelab", role=SHARD_PASS,
+              bytes=FREES_SHARD, colour="#E377C2", label="head bwd")
 register_kind("Cs", "vocabulary barrier C0: all-reduce of the max and the sum of exponentials",
               inputs=_after_every("S"), members=_all_ranks, lane="comm", cost=_free,
-              module="pipelab")
+              module="pipelab", role=COMMUNICATION, colour="#7F7F7F", label="barrier C0")
 register_kind("Ct", "vocabulary barrier C1: all-reduce of the output-layer input gradient",
               inputs=_after_every("T"), members=_all_ranks, lane="comm", cost=_free,
-              output=OUTPUT_GRADIENT, module="pipelab")
+              output=OUTPUT_GRADIENT, module="pipelab", role=COMMUNICATION, colour="#595959",
+              label="barrier C1")
 register_kind("C", "vocabulary barrier: max, sum of exponentials and input gradient (fused)",
               inputs=_after_every("S"), members=_all_ranks, lane="comm", cost=_free,
-              output=OUTPUT_GRADIENT, module="pipelab")
+              output=OUTPUT_GRADIENT, module="pipelab", role=COMMUNICATION, colour="#7F7F7F",
+              label="barrier")
 register_kind("Vf", "input-embedding forward: in-shard lookups, all-reduced",
-              members=_all_ranks, lane="comm", cost=_free, output=EMBEDDED, module="pipelab")
+              members=_all_ranks, lane="comm", cost=_free, output=EMBEDDED, module="pipelab",
+              role=SHARD_PASS, colour="#17BECF", label="embed fwd")
 register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-added per shard",
               inputs=_embedding_grad_inputs, members=_all_ranks, lane="comm", cost=_free,
-              module="pipelab")
+              module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embed bwd")
 
 
 def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:

@@ -34,6 +34,7 @@ from itertools import product
 
 from .actions import Action
 from .base import Schedule
+from .kinds import unit_effects
 from .registry import register
 
 FLAGS = ("bubble_before_first_i", "skip_forward_for_i", "fill_partial_gaps")
@@ -55,12 +56,14 @@ class _Greedy:
     bubble: list = field(default_factory=list)    # idle time after each stage's first F
     held: list = field(default_factory=list)      # activations each stage holds now
     count: dict = field(default_factory=dict)     # kind -> ops placed on each stage
+    effect: dict = field(default_factory=dict)    # kind -> activations it adds (−: frees)
 
     def __post_init__(self) -> None:
         p = self.ranks
         self.order = [[] for _ in range(p)]
         self.free_at, self.bubble, self.held = [0.0] * p, [0.0] * p, [0.0] * p
         self.count = {kind: [0] * p for kind in "FIW"}
+        self.effect = unit_effects(self.i_frees)     # the kinds' byte rules, I's share i_frees
 
     # --- the one primitive -------------------------------------------------------------------
     def ready(self, kind: str, stage: int) -> float:
@@ -80,7 +83,7 @@ class _Greedy:
         if self.count["F"][stage]:          # idle before a rank's first F is not its bubble
             self.bubble[stage] += start - self.free_at[stage]
         self.free_at[stage] = self.done[(kind, stage, mb)] = start + self.cost[(kind, stage)]
-        self.held[stage] += {"F": 1.0, "I": -self.i_frees, "W": self.i_frees - 1.0}[kind]
+        self.held[stage] += self.effect[kind]
         self.order[stage].append(Action(stage, kind, mb))
         self.count[kind][stage] += 1
 
@@ -174,7 +177,7 @@ class _Greedy:
             return False
         held, owed, room_ws = self.held[stage], self.count["I"][stage] - self.count["W"][stage], 0
         while not self.fits(held) and room_ws < owed:     # the W's it must run first for room
-            held -= 1.0 - self.i_frees
+            held += self.effect["W"]
             room_ws += 1
         if self.free_at[stage] + room_ws * self.cost[("W", stage)] + self.cost[("F", stage)] <= due:
             return True

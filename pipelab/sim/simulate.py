@@ -19,7 +19,7 @@ from .link import Link, check_link
 from ..schedules.actions import Action
 from ..schedules.gcpause import without_gc
 from ..schedules.graph import step_times
-from ..schedules.kinds import KIND_SPECS
+from ..schedules.kinds import KIND_SPECS, unit_effects
 from .timeline import Event, Timeline
 from .tensor_overlap import TP_REDUCE, data_edge, step_time
 
@@ -267,10 +267,9 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         code = {kind: i for i, kind in enumerate(names)}
         rows = np.array([(e[0], code[part[1]], e[2], e[3]) for e in events
                          for part in e[1].parts]).reshape(-1, 4).T
-    # Share of one forward's activations each kind adds (+) or releases (−): the kind specs,
-    # with I and W split as `i_frees` says.
-    effect = {kind: spec.memory for kind, spec in KIND_SPECS.items() if spec.memory}
-    effect["I"], effect["W"] = -i_frees, -(1.0 - i_frees)
+    # Share of one forward's activations each kind adds (+) or releases (−): the kind specs'
+    # byte rules, a split backward's halves sharing a forward's as `i_frees` says.
+    effect = unit_effects(i_frees)
     stages_on = [0] * schedule.ranks
     for owner in schedule.placement:
         stages_on[owner] += 1

@@ -17,14 +17,15 @@ All-reduces of one rank never overlap each other (one communication stream).
 """
 from __future__ import annotations
 
-from ..schedules.kinds import KIND_SPECS, register_kind
+from ..schedules.kinds import COMMUNICATION, KIND_SPECS, register_kind
 
 Span = tuple[float, float, int]       # (start, end, which part it sums), from the step's start
 
 TP_REDUCE = "Tp"      # the timelines' kind for one tensor-parallel all-reduce (never scheduled)
 
 register_kind(TP_REDUCE, "tensor-parallel all-reduce (inside a forward or input-gradient pass)",
-              lane="comm", module="pipelab")
+              lane="comm", module="pipelab", role=COMMUNICATION,
+              colour="#17BECF", label="TP all-reduce")
 
 
 def reduces(kind: str) -> bool:

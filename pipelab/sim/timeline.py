@@ -17,7 +17,8 @@ import numpy as np
 from ..support.atomic import replacing
 from ..support.drawers import draw
 from ..schedules.actions import Action
-from ..schedules.kinds import collective_kinds, comm_kinds
+from ..schedules.kinds import (BACKWARD, FORWARD, INPUT_GRAD, byte_rules, collective_kinds,
+                               comm_kinds, kinds_with_role)
 
 SOURCES = ("simulated", "measured", "replayed")
 
@@ -299,13 +300,15 @@ class Timeline:
     def phases(self) -> dict[int, list[tuple[str, float, float]]]:
         """Per rank, [(phase, start, end)] with times relative to `start`, empty phases left out.
 
-        warm-up: from the rank's first action to its first backward (B or I) — forwards only;
+        warm-up: from the rank's first action to its first backward (a kind whose role is a
+        full backward or an input gradient: B or I) — forwards only;
         steady: from there to the end of its last forward — forwards and backwards alternate;
         cool-down: from there to its last action's end — backwards (and W passes) only.
         GPipe has no steady phase (every forward comes before every backward); a rank without
         backwards (forward-only timeline) is all warm-up.
         """
         t0, out = self.start, {}
+        back, forward = kinds_with_role(BACKWARD, INPUT_GRAD), kinds_with_role(FORWARD)
         for r in range(self.ranks):
             mine = self.events_of(r)
             if not mine:
@@ -313,8 +316,8 @@ class Timeline:
                 continue
             begin, finish = mine[0].start - t0, max(e.end for e in mine) - t0
             kinds = [{part.kind for part in e.action.parts} for e in mine]   # a pair has two
-            backs = [e.start - t0 for e, k in zip(mine, kinds) if k & {"B", "I"}]
-            fwd_ends = [e.end - t0 for e, k in zip(mine, kinds) if "F" in k]
+            backs = [e.start - t0 for e, k in zip(mine, kinds) if k & back]
+            fwd_ends = [e.end - t0 for e, k in zip(mine, kinds) if k & forward]
             first_back = min(backs, default=finish)
             last_fwd = max(fwd_ends, default=begin)
             steady_end = max(first_back, min(last_fwd, finish))
@@ -327,6 +330,11 @@ class Timeline:
     def memory_curve(self, rank: int) -> list[tuple[float, float]]:
         """(time, live activations) steps for one rank, in `memory_unit`."""
         return self.memory.get(rank, [])
+
+    def byte_rules(self) -> dict[str, str]:
+        """{kind: its byte rule} for the kinds registered with one: how the byte model
+        (memory.byte_curves) reads this timeline's actions."""
+        return byte_rules()
 
     def peak_activations(self) -> dict[int, float]:
         """Peak live activations per rank (microbatch-stage units when simulated, bytes when measured)."""

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
-from ..schedules.kinds import Input, register_kind
+from ..schedules.kinds import REDUCTION, Input, register_kind
 from ..schedules.reductions import allreduce_time, gradient_inputs  # noqa: F401 - re-exported
 
 
@@ -32,7 +32,7 @@ REDUCE = "AR"       # the kind's name: the runtime's watch and the cost fit look
 
 register_kind(REDUCE, "all-reduce of the stage's gradients over its data-parallel replicas",
               inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
-              module="pipelab")
+              module="pipelab", role=REDUCTION, colour="#333333", label="all-reduce")
 
 
 def reduction_of(stage: int) -> Action:

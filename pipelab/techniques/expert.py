@@ -35,17 +35,19 @@ import torch.distributed as dist
 
 from ..model import moe
 from ..schedules.actions import Action
-from ..schedules.kinds import register_kind
+from ..schedules.kinds import COMMUNICATION, register_kind
 
 DISPATCH, COMBINE = "Ed", "Ec"
 IN_ALL_TO_ALL = 2        # board detail of a RUN state: waiting in an expert all-to-all
 
 register_kind(DISPATCH, "expert dispatch: all-to-all of tokens to their experts' processes "
               "(recorded inside F and B, on the communication lane)", lane="comm",
-              cost=lambda costs, stage: 0.0, module="pipelab")
+              cost=lambda costs, stage: 0.0, module="pipelab", role=COMMUNICATION,
+              colour="#8C8C8C", label="dispatch")
 register_kind(COMBINE, "expert combine: all-to-all of expert outputs back to their tokens' "
               "processes (recorded inside F and B, on the communication lane)", lane="comm",
-              cost=lambda costs, stage: 0.0, module="pipelab")
+              cost=lambda costs, stage: 0.0, module="pipelab", role=COMMUNICATION,
+              colour="#CCB974", label="combine")
 
 
 class GroupExchange:

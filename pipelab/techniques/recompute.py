@@ -36,6 +36,7 @@ from ..model.gpt import AttentionCore, Block, ModelConfig
 from ..runtime.handlers import register_handler
 from ..schedules.actions import Action
 from ..schedules.base import Schedule
+from ..schedules.kinds import RECOMPUTE as RECOMPUTE_ROLE
 from ..schedules.kinds import SAVED, Input, register_kind
 from ..support.threads import one_thread
 from .recompute_placement import RECOMPUTE, with_recompute  # noqa: F401  (re-exported)
@@ -284,7 +285,8 @@ def _recompute_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(RECOMPUTE, "recompute the forward's dropped activations", inputs=_recompute_inputs,
-              output=SAVED, cost=lambda costs, stage: costs.of("F", stage), module="pipelab")
+              output=SAVED, cost=lambda costs, stage: costs.of("F", stage), module="pipelab",
+              role=RECOMPUTE_ROLE, colour="#DA8BC3", label="recompute")
 
 
 @register_handler(RECOMPUTE)

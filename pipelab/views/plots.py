@@ -3,16 +3,13 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..schedules.kinds import KIND_SPECS, ROLES, comm_kinds
 from .plots_fit import fitted_label_class, legend_covers, place_legend  # noqa: F401
 from ..support.drawers import register_drawer
 
-KIND_COLOURS = {"F": "#4C72B0", "B": "#DD8452", "I": "#C44E52", "W": "#55A868",
-                "AR": "#333333",    # a gradient all-reduce, drawn on the rank's communication lane
-                "U": "#937860",     # an optimizer update inside the schedule (asynchronous pipelines)
-                "R": "#DA8BC3",     # a recomputation of the forward (recompute.py)
-                "V": "#c9b8a8",     # a switch of the version later forwards read (PipeDream-2BW)
-                "Tp": "#17BECF",    # a tensor-parallel all-reduce, on the communication lane
-                "Ed": "#8C8C8C", "Ec": "#CCB974"}   # expert all-to-alls: dispatch, combine
+# Each kind's colour and label are its spec's (register_kind(..., colour=, label=)); a colour
+# set here overrides the spec's, for one notebook's pictures.
+KIND_COLOURS: dict[str, str] = {}
 OTHER_COLOUR = "#8172B3"          # any kind added later (compound, collective, ...)
 CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "++")   # chunk 0 plain, as the papers draw it
 PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F5"}
@@ -42,7 +39,21 @@ def _with_source(heading: str, source: str) -> str:
 
 
 def kind_colour(kind: str) -> str:
-    return KIND_COLOURS.get(kind, OTHER_COLOUR)
+    """The colour of `kind` in charts: an override in KIND_COLOURS, else its spec's."""
+    spec = KIND_SPECS.get(kind)
+    return KIND_COLOURS.get(kind) or (spec and spec.colour) or OTHER_COLOUR
+
+
+def kind_legend(kind: str) -> str:
+    """A kind's legend entry: its letter and its spec's label ("F forward")."""
+    spec = KIND_SPECS.get(kind)
+    return f"{kind} {spec.label}" if spec is not None and spec.label else kind
+
+
+def _legend_order(kind: str) -> tuple[int, str]:
+    """Legend order: the kinds by role as ROLES lists them (forward first), then by letter."""
+    spec = KIND_SPECS.get(kind)
+    return (ROLES.index(spec.role) if spec is not None else len(ROLES), kind)
 
 
 def chunk_of(timeline) -> dict[int, int]:
@@ -87,7 +98,6 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     chunks = chunk_of(timeline)
     multi = max(chunks.values(), default=0) > 0
     bars, labels = {}, {}
-    from ..schedules.kinds import comm_kinds
     beside = comm_kinds()     # communication-lane kinds: a thin strip under the rank's row
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
@@ -124,9 +134,10 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             labels[e] = ax.add_artist(label)
             ax.add_artist(labels[e])
     ax.pipelab_bars, ax.pipelab_labels = bars, labels
-    handles = [Patch(color=kind_colour(k), label=f"{k} (comm lane)" if k in beside else k)
+    handles = [Patch(color=kind_colour(k),
+                     label=f"{kind_legend(k)}\n(comm lane)" if k in beside else kind_legend(k))
                for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
-                               key=lambda k: ("FBIW".find(k) % 10, k))]
+                               key=_legend_order)]
     if multi:
         handles += [Patch(facecolor="#999999", edgecolor="white", hatchcolor="white",
                           hatch=CHUNK_HATCHES[c % len(CHUNK_HATCHES)] or None, label=f"chunk {c}")
