@@ -18,6 +18,11 @@ from .techniques import recompute
 from .techniques.recompute import with_recompute
 from .planner.calibrate import Calibration, calibrate
 from .planner.plan import Candidate, Plan, plan
+# Modules a notebook reaches as pl.<name> (pl.data.corpus_tokens, pl.timeline.PathSummary,
+# pl.ui.slider; pl.model is the model's floor): top-level modules before the package had floors.
+from .model import data
+from .sim import timeline
+from .views import ui
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",

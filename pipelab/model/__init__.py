@@ -8,3 +8,9 @@
 
 Imports only `pipelab.checks` and `pipelab.support`.
 """
+from .config import ModelConfig
+from .gpt import (AttentionCore, Block, Embedding, Head, ToyGPT, build_layer, build_layers,
+                  layer_costs, loss_fn)
+
+__all__ = ["ModelConfig", "AttentionCore", "Block", "Embedding", "Head", "ToyGPT", "build_layer",
+           "build_layers", "layer_costs", "loss_fn"]
