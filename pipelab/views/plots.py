@@ -4,7 +4,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..schedules.kinds import KIND_SPECS, ROLES, comm_kinds
-from .plots_fit import fitted_label_class, legend_covers, place_legend  # noqa: F401
+from .plots_fit import (MARGINS, figure_axes as _axes, fitted_label_class,  # noqa: F401
+                        legend_covers, place_legend)
 from ..support.drawers import register_drawer
 
 # Each kind's colour and label are its spec's (register_kind(..., colour=, label=)); a colour
@@ -14,17 +15,6 @@ OTHER_COLOUR = "#8172B3"          # any kind added later (compound, collective, 
 CHUNK_HATCHES = ("", "///", "...", "xxx", "\\\\\\", "++")   # chunk 0 plain, as the papers draw it
 PHASE_COLOURS = {"warm-up": "#FCEBB6", "steady": "#D9EFD3", "cool-down": "#D6E4F5"}
 PATH_COLOUR = "#D62728"
-# Fixed margins (not tight_layout) so that every timeline figure of the same width puts its
-# time axis at the same place: a Gantt chart and a memory plot drawn one under the other align.
-MARGINS = dict(left=0.1, right=0.83)
-
-
-def _axes(ax, figsize=(10, 3)):
-    import matplotlib.pyplot as plt
-    if ax is None:
-        fig, ax = plt.subplots(figsize=figsize)
-        fig.subplots_adjust(**MARGINS, bottom=0.5 / figsize[1], top=1 - 0.5 / figsize[1])
-    return ax
 
 
 def _time_scale(timeline) -> tuple[float, str]:
@@ -317,7 +307,7 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
 
 
 # Stage-balance charts and (p, m) sweeps live in their own modules; re-exported so that
-# `plots.plot_balance`, `plots.sweep`... keep working. Imported last: they use `_axes` above.
+# `plots.plot_balance`, `plots.sweep`... keep working.
 from .plots_balance import (BALANCE_COLOURS, BALANCE_LABELS, VOCAB_LAYER_COLOUR, plot_balance,
                             plot_layer_costs, plot_partitions)
 from .plots_sweep import SweepTable, plot_sweep, sweep  # noqa: E402,F401

@@ -2,7 +2,7 @@
 and per-layer costs. Re-exported by `pipelab.views.plots`."""
 from __future__ import annotations
 
-from .plots import _axes, place_legend
+from .plots_fit import figure_axes, place_legend
 
 
 BALANCE_COLOURS = {"params": "#8172B3", "flops": "#4C72B0", "times": "#DD8452"}
@@ -16,7 +16,7 @@ def plot_balance(parts, ax=None, title: str | None = None):
     bar, so the height above the line is time every other stage spends waiting.
     """
     import numpy as np
-    ax = _axes(ax, figsize=(max(5, 1.1 * parts.stages + 2), 3))
+    ax = figure_axes(ax, figsize=(max(5, 1.1 * parts.stages + 2), 3))
     metrics = [m for m in ("params", "flops", "times") if getattr(parts, m) is not None]
     width = 0.8 / len(metrics)
     x = np.arange(parts.stages)

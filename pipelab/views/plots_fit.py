@@ -1,9 +1,23 @@
-"""Fitting text to the room it has on screen: Gantt box labels that shorten or disappear when
-their box is too narrow, and legends placed where they hide no data. Measured in display units
-at draw time, so the answer holds at any figure size or dpi. Re-exported by `pipelab.views.plots`."""
+"""Fitting a picture to the room it has on screen: the figures' fixed margins, Gantt box labels
+that shorten or disappear when their box is too narrow, and legends placed where they hide no
+data. Measured in display units at draw time, so the answer holds at any figure size or dpi.
+Re-exported by `pipelab.views.plots`."""
 from __future__ import annotations
 
 import functools
+
+# Fixed margins (not tight_layout) so that every timeline figure of the same width puts its
+# time axis at the same place: a Gantt chart and a memory plot drawn one under the other align.
+MARGINS = dict(left=0.1, right=0.83)
+
+
+def figure_axes(ax, figsize=(10, 3)):
+    """`ax`, or the axes of a new figure of `figsize` with the timeline figures' margins."""
+    import matplotlib.pyplot as plt
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+        fig.subplots_adjust(**MARGINS, bottom=0.5 / figsize[1], top=1 - 0.5 / figsize[1])
+    return ax
 
 
 @functools.cache

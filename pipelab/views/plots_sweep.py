@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from .plots import _axes, place_legend
+from .plots_fit import figure_axes, place_legend
 
 
 class SweepTable(list):
@@ -56,7 +56,7 @@ def plot_sweep(table, *args, ylabel: str = "", ax=None, **kwargs):
         ylabel = given.pop("ylabel", ylabel)
         ax = given.pop("ax", ax)
         table = sweep(table, **given)
-    ax = _axes(ax, figsize=(7, 3.5))
+    ax = figure_axes(ax, figsize=(7, 3.5))
     with_formula = any(row["formula"] is not None for row in table)
     for p in table.ranks():
         rows = table.where(p)
