@@ -7,22 +7,18 @@ parallelism's all-to-alls, data parallelism's gradient all-reduce (the simulator
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from .calibrate import Calibration
+from .candidate import Candidate
 from ..model.memory import _blocks, parameter_bytes
 from ..model.gpt import ModelConfig
 from ..techniques.recompute import RECOMPUTE
 from ..schedules.reductions import allreduce_time
 from ..sim.simulate import Costs
 
-if TYPE_CHECKING:
-    from .plan import Candidate
 
-
-def stage_costs(c: "Candidate", cal: Calibration) -> Costs:
+def stage_costs(c: Candidate, cal: Calibration) -> Costs:
     """Stage costs of the candidate: calibrated layer times summed per stage, the runtime's
     overhead on every action, and the recomputation `R` its policy repeats. Under tensor
     parallelism a shard computes 1/t of every block's per-row work (the matmuls and heads
@@ -58,7 +54,7 @@ def stage_costs(c: "Candidate", cal: Calibration) -> Costs:
                  replicas=c.data_parallel, **tensor)
 
 
-def _expert_exchange(c: "Candidate", cal: Calibration) -> float:
+def _expert_exchange(c: Candidate, cal: Calibration) -> float:
     """Seconds a block's pass (F, or I) spends in expert parallelism's two all-to-alls (dispatch
     and combine, each a count exchange then the rows): the (ep−1)/ep of the kept assignments
     that leave the process, at the link's bandwidth, with a balanced router (the experts'
@@ -70,7 +66,7 @@ def _expert_exchange(c: "Candidate", cal: Calibration) -> float:
     return 2 * (2 * cal.latency + moved / cal.bandwidth)
 
 
-def _reduced_bytes(c: "Candidate", cfg: ModelConfig, a: int, b: int) -> int:
+def _reduced_bytes(c: Candidate, cfg: ModelConfig, a: int, b: int) -> int:
     """Gradient bytes a stage all-reduces over the replicas: its parameters on one process,
     less the experts each process holds alone under expert parallelism."""
     total = parameter_bytes(cfg, a, b, tensor=c.tensor, expert=c.expert)
@@ -86,7 +82,7 @@ def _all_reduce(cal: Calibration, floats: int, n: int, rounds: int = 1) -> float
     return rounds * allreduce_time(floats * 4, n, cal.bandwidth, cal.latency)
 
 
-def _vocab_kinds(c: "Candidate", cal: Calibration) -> dict[str, float]:
+def _vocab_kinds(c: Candidate, cal: Calibration) -> dict[str, float]:
     """Costs of the vocabulary passes, derived from the calibrated layers (not measured per
     shard): S is the head's forward over 1/p of the vocabulary, T its backward (dW_r, and dX_r
     under vocab-1), Vf and Vb the embedding's forward and backward over 1/p of it plus their

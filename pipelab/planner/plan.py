@@ -23,7 +23,6 @@ experts' capacity (memory_moe.py). The time model is plan_costs.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from itertools import product, repeat
 from operator import itemgetter
 
@@ -35,6 +34,7 @@ from ..model.memory import action_bytes, static_bytes
 from ..model.gpt import ModelConfig
 from ..techniques import with_data_parallel
 from ..sim.partition import balanced_bounds
+from .candidate import CHUNKED, VOCAB, Candidate  # noqa: F401  (pl.Candidate)
 from .costs import stage_costs
 from ..techniques.recompute import policies, with_recompute
 from ..schedules import SCHEDULES, Action, schedule as make_schedule
@@ -44,8 +44,6 @@ from ..sim.simulate import simulate
 
 SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "vocab-1",
                   "vocab-2")
-CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with several stages per rank
-VOCAB = {"vocab-1", "vocab-2"}            # the vocabulary sharded over the pipeline ranks
 POLICIES = ("none", "selective", "full", "every-k")
 MiB = 2**20
 # The split of each candidate is an exact dynamic program, O(stages × layers²): beyond this
@@ -53,54 +51,6 @@ MiB = 2**20
 MAX_PLAN_LAYERS = 512
 MAX_DEVICES = 2**20
 MAX_BATCH = 2**24
-
-
-@dataclass
-class Candidate:
-    """One configuration and what the planner predicts for it."""
-    schedule: str
-    pipeline: int                 # pipeline ranks (p)
-    data_parallel: int            # replicas (dp); devices = p × dp × tp
-    microbatches: int
-    chunks: int                   # stages per pipeline rank
-    recompute: str
-    rows: int                     # sequences per microbatch
-    bounds: list[tuple[int, int]] = field(repr=False)
-    tensor: int = 1               # tensor-parallel shards of every block (tp)
-    expert: int = 1               # processes the experts are divided over (ep: 1 or dp)
-    step_time: float = 0.0        # predicted seconds per training step
-    memory_by_rank: list[int] = field(default_factory=list, repr=False)   # bytes, peak
-    activation_peak: list[int] = field(default_factory=list, repr=False)  # of which activations
-    static: list[int] = field(default_factory=list, repr=False)   # parameters, grads, optimizer
-    fits: bool = False
-    reason: str = ""              # why it does not fit ("" when it does)
-
-    @property
-    def peak_memory(self) -> int:
-        """Predicted peak bytes on the fullest device."""
-        return max(self.memory_by_rank)
-
-    @property
-    def vocab(self) -> bool:
-        """Whether the embedding and output layer are sharded over the pipeline ranks."""
-        return self.schedule in VOCAB
-
-    @property
-    def devices(self) -> int:
-        return self.pipeline * self.data_parallel * self.tensor
-
-    def label(self) -> str:
-        chunks = f", v={self.chunks}" if self.chunks > 1 else ""
-        tensor = f" tp={self.tensor}" if self.tensor > 1 else ""
-        tensor += f" ep={self.expert}" if self.expert > 1 else ""
-        return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel}{tensor} "
-                f"m={self.microbatches}{chunks}, recompute {self.recompute}")
-
-    def build(self):
-        """The schedule to run (without the all-reduces: cluster.run adds them)."""
-        options = {"chunks": self.chunks} if self.schedule in CHUNKED else {}
-        return make_schedule(self.schedule, ranks=self.pipeline, microbatches=self.microbatches,
-                             **options)
 
 
 class Plan(list):

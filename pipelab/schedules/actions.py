@@ -18,6 +18,12 @@ NO_MICROBATCH = -1      # the microbatch of an action that belongs to the whole 
 _ACTION_RE = re.compile(r"^(\d+)([A-Z][A-Za-z]*)(\d*)$")
 
 
+# Every kind an action may name, with its spec: filled by `kinds.register_kind`, which defines
+# what a spec holds. It lives here, with the Action, so that reading "1F3" can check the kind
+# without this module importing kinds.py (which builds on the Action).
+KIND_SPECS: dict = {}
+
+
 class Action(NamedTuple):
     """One compute step; a named tuple because schedules hold hundreds of thousands of them."""
     stage: int
@@ -47,7 +53,6 @@ class Action(NamedTuple):
         if not match:
             raise ValueError(f"cannot read action {text!r}: expected <stage><kind><microbatch>, "
                              "e.g. 1F3 (or 1U without a microbatch, or 3F5+4B0 for a pair)")
-        from .kinds import KIND_SPECS
         stage, kind, microbatch = match.groups()
         spec = KIND_SPECS.get(kind)
         if spec is None:
@@ -58,14 +63,6 @@ class Action(NamedTuple):
                 "takes no microbatch (e.g. 1U)"
             raise ValueError(f"cannot read action {text!r}: kind {kind} {need}")
         return cls(int(stage), kind, int(microbatch) if microbatch else NO_MICROBATCH)
-
-    @property
-    def is_forward(self) -> bool:
-        return self.kind == "F"
-
-    @property
-    def is_backward(self) -> bool:
-        return self.kind in ("B", "I", "W")
 
 
 class Compound(tuple):

@@ -17,6 +17,11 @@ from typing import Iterable, Sequence
 from ..support.atomic import write_text
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
 from .actions import Action
+from .graph import inputs_of, step_dependencies
+from .grid import render_grid
+from .kinds import DEFAULT_PRODUCER, INPUT_GRADIENT, KIND_SPECS, VERSION
+from .routes import route_links
+from .validate import validate
 
 IDLE_MARKS = {".", "-", "_"}
 # A schedule read from text or CSV: parsing costs ~15 µs and ~400 bytes an action, so 1.5 M
@@ -78,7 +83,6 @@ class Schedule:
     def links(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
         """(previous, next) stage of each stage on its route; -1 where the route starts / ends."""
         if self._links is None or self._links[0] != (self.routes, len(self.placement)):
-            from .routes import route_links
             self._links = ((self.routes, len(self.placement)), route_links(self))
         return self._links[1]
 
@@ -106,7 +110,6 @@ class Schedule:
     def reindex(self) -> None:
         """Recompute which action produces each output where it is not the usual one (the input
         gradient of a stage comes from its B, or from its I when the backward is split)."""
-        from .kinds import DEFAULT_PRODUCER, KIND_SPECS
         # Only producers other than the default are indexed: a 1F1B schedule needs no entry.
         output_of = {k: spec.output for k, spec in KIND_SPECS.items()
                      if spec.output and DEFAULT_PRODUCER.get(spec.output) != k}
@@ -129,30 +132,24 @@ class Schedule:
         found = index.get((output, stage, microbatch))
         if found is not None:
             return found
-        from .kinds import DEFAULT_PRODUCER
         return _new(Action, (stage, DEFAULT_PRODUCER.get(output, "?"), microbatch))
 
     def input_grad_action(self, stage: int, microbatch: int) -> Action:
         """The action that produces the gradient of `stage`'s input: its B, or its I when split."""
-        from .kinds import INPUT_GRADIENT
         return self.producer_of(INPUT_GRADIENT, stage, microbatch)
 
     def inputs(self, action: Action) -> list:
         """The input edges of one action (graph.py)."""
-        from .graph import inputs_of
         return inputs_of(self, action)
 
     def dependencies(self, action) -> list[Action]:
         """Actions that must finish before `action` (or a compound step) can start."""
-        from .graph import step_dependencies
         return step_dependencies(self, action)
 
     def execution_order(self):
         """A validated execution order (graph.py), cached while the schedule is unchanged."""
-        from .kinds import VERSION
         key = (self.placement, self.microbatches, tuple(map(tuple, self.actions)), VERSION[0])
         if self._checked is None or self._checked[0] != key:
-            from .validate import validate
             self._checked = (key, validate(self))
         return self._checked[1]
 
@@ -268,7 +265,6 @@ class Schedule:
         if placement is not None:
             _check_placement(placement, rows)
         else:
-            from .kinds import KIND_SPECS
             owner: dict[int, int] = {}
             for rank, row in enumerate(rows):
                 for a in (a for item in row for a in item.parts):
@@ -290,7 +286,6 @@ class Schedule:
 
     # --- display -----------------------------------------------------------------------------
     def grid(self, mark: Iterable[tuple[int, int]] = (), window: int | None = None) -> str:
-        from .grid import render_grid
         return render_grid(self, mark=mark, window=window)
 
     def __str__(self) -> str:
@@ -379,7 +374,6 @@ def _check_placement(placement: list[int], rows: list) -> None:
     """A given placement (argument or header) must name exactly the stages the actions use: a
     stage without any action would be reported later as a missing forward, a stage beyond it
     as a bad action. (A stage on the wrong rank is the validator's: it marks it in the grid.)"""
-    from .kinds import KIND_SPECS
     used = {a.stage for row in rows for item in row for a in item.parts
             if not KIND_SPECS[a.kind].collective}     # a collective may name any stage
     if not used:

@@ -24,7 +24,7 @@ import heapq
 from .actions import Action
 from .base import Schedule
 from .registry import register
-from .routes import two_way
+from .two_way import two_way
 
 DOWN, UP = 0, 1
 

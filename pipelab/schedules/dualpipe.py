@@ -36,7 +36,7 @@ from .actions import Action, Compound
 from .base import Schedule
 from .placement import v_placement
 from .registry import register
-from .routes import two_way
+from .two_way import two_way
 
 
 class _Rank:

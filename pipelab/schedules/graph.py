@@ -16,6 +16,7 @@ from collections import defaultdict
 from typing import Callable, Iterator, Sequence
 
 from .actions import Action
+from .errors import ScheduleError
 from .gcpause import without_gc
 from .kinds import KIND_SPECS, Input, collective_kinds, comm_kinds
 
@@ -84,7 +85,6 @@ def execution_order(schedule) -> Order:
     on the first missing input (or on a collective not every member has reached) and is woken
     when that changes, so every step is looked at once or twice, and the pass is linear.
     """
-    from .validate import ScheduleError
     s = schedule
     s.reindex()
     inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}

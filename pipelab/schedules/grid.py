@@ -3,13 +3,14 @@ from __future__ import annotations
 
 from typing import Iterable
 
+from .graph import execution_order, timed_run
+
 
 def unit_steps(schedule) -> list[list[int]] | None:
     """Step at which each action runs if every action takes one step (None if it cannot run).
 
     This lines the ranks up the way the papers draw them, with the bubbles as empty cells.
     """
-    from .graph import execution_order, timed_run
     try:
         order = execution_order(schedule)
     except Exception:

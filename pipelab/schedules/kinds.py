@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 
 from ..model import memory_rules
 from ..model.memory_rules import BYTE_RULES, FREES, FREES_BUT_STASH, FREES_STASH, KEEPS, RESTORES
-from .actions import NO_MICROBATCH, Action
+from .actions import KIND_SPECS, NO_MICROBATCH, Action
 
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input gradient"
@@ -96,7 +96,7 @@ class KindSpec:
         return self.members is not None
 
 
-KIND_SPECS: dict[str, KindSpec] = {}
+KIND_SPECS: dict[str, KindSpec]     # (the dict lives in actions.py: see there)
 KINDS: dict[str, str] = {}         # kind -> description, for messages and docs
 # Bumped by every registration: a schedule validated before a kind changed (a notebook cell
 # run again with other inputs) must be validated again, so its cache key includes this.

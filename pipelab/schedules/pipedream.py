@@ -21,7 +21,8 @@ one-step schedule repeated, with an update after each stage's last backward of e
 """
 from __future__ import annotations
 
-from .actions import Action
+from ..checks import positive_int
+from .actions import Action, Compound
 from .base import Schedule
 from .kinds import BACKWARD, FORWARD, WEIGHT_GRAD, kinds_with_role
 from .one_f_one_b import one_f_one_b
@@ -56,7 +57,6 @@ def pipedream_2bw(ranks: int, microbatches: int, per_update: int | None = None) 
     """Asynchronous 1F1B that accumulates `per_update` (m ≥ ranks; default ranks) microbatches
     into each update; batch b = microbatches b·m … b·m+m−1 reads the version made after batch
     b − 2 (the initial weights for b < 2) on every stage."""
-    from ..checks import positive_int
     m = ranks if per_update is None else positive_int("per_update", per_update)
     if m < ranks:
         raise ValueError(f"per_update must be at least ranks ({ranks}), got {m}: the update after "
@@ -88,7 +88,6 @@ def flushed(schedule: Schedule, steps: int) -> Schedule:
     """The synchronous baseline as one continuous schedule: `steps` copies of a one-step
     schedule (1F1B, GPipe), microbatches renumbered, each stage updating after its last
     backward of each copy. The next copy's forwards wait for the update: the flush."""
-    from ..checks import positive_int
     positive_int("steps", steps)
     m = schedule.microbatches
     finishing = kinds_with_role(BACKWARD, WEIGHT_GRAD)
@@ -112,5 +111,4 @@ def _shifted(item, offset: int):
     parts = [Action(p.stage, p.kind, p.microbatch + offset) for p in item.parts]
     if len(parts) == 1:
         return parts[0]
-    from .actions import Compound
     return Compound(parts)

@@ -10,9 +10,6 @@ to the part it computes. A microbatch's route is the one whose stages run it.
 """
 from __future__ import annotations
 
-from .placement import v_placement
-from .reductions import replica_sum
-
 
 def _routes(schedule) -> tuple[tuple[int, ...], ...]:
     """The schedule's routes; without any, the one route through every stage."""
@@ -103,16 +100,3 @@ def weight_copies(schedule) -> float:
     """Copies of the whole model's weights the pipeline holds: 2 for DualPipe and Chimera,
     1 for every schedule without replicas (DualPipeV, ZB-V, 1F1B)."""
     return len(schedule.placement) / schedule.model_slices
-
-
-def two_way(actions: list, ranks: int, microbatches: int, name: str):
-    """A bidirectional schedule on the V placement (DualPipe, Chimera): route 0 is stages
-    0..p−1, stage k on rank k; route 1 is stages p..2p−1, stage p+k computing part k on rank
-    p−1−k. Each rank's `actions` are ended with the replica sums of its two parts, in the same
-    order on both ranks of a pair, once both copies' gradients are complete."""
-    from .base import Schedule
-    p = ranks
-    for r in range(p):
-        actions[r] += [replica_sum(part) for part in sorted({r, p - 1 - r})]
-    return Schedule(actions, placement=v_placement(p), microbatches=microbatches, name=name,
-                    routes=(tuple(range(p)), tuple(range(p, 2 * p))), slices=tuple(range(p)) * 2)

@@ -26,6 +26,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 
 from .actions import NO_MICROBATCH, Action
+from .errors import ScheduleError
 from .kinds import UPDATE as UPDATE_ROLE
 from .kinds import (FORWARD, INPUT_GRAD, VERSION_SELECT, Input, cached_with_index,
                     gradient_edges, gradient_passes, kinds_with_role, register_kind)
@@ -168,7 +169,6 @@ def check_updates(schedule) -> None:
     update applies what was accumulated since the previous one), and every microbatch is
     covered by an update (no gradient is silently dropped); and no backward is split into I
     and W, because I already writes part of the weight gradient."""
-    from .validate import ScheduleError
     schedule.reindex()            # the actions may have been edited since the last look
     updates = updates_by_stage(schedule)
     halves = kinds_with_role(INPUT_GRAD)

@@ -13,29 +13,12 @@ import numpy as np
 
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from .actions import NO_MICROBATCH, Action
+from .errors import GRID_MAX_RANKS, ScheduleError  # noqa: F401  (pl.ScheduleError, re-exported)
 from .gcpause import without_gc
 from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
 from .kinds import BACKWARD, COMPLETES, FORWARD, INPUT_GRAD, KIND_SPECS, KINDS, WEIGHT_GRAD
 from .reductions import REPLICA_SUM
 from .routes import replicas, route_of_stage, route_problem
-
-
-GRID_MAX_RANKS = 64      # an error message prints the grid only up to this many columns
-
-
-class ScheduleError(ValueError):
-    """A schedule that cannot run; the message shows the grid with the bad step marked."""
-
-    def __init__(self, problem: str, schedule=None, mark=()):
-        self.problem = problem
-        self.mark = list(mark)
-        text = problem
-        if schedule is not None and schedule.ranks > GRID_MAX_RANKS:
-            text += (f"\n\n(grid omitted: {schedule.ranks} ranks are too many columns to print; "
-                     f"marked: {', '.join(f'rank {r} step {i}' for r, i in self.mark[:4])})")
-        elif schedule is not None:
-            text += "\n\n" + schedule.grid(mark=self.mark, window=6 if len(schedule) > 400 else None)
-        super().__init__(text)
 
 
 @without_gc

@@ -1,0 +1,58 @@
+"""One configuration the planner weighs, and what it predicts for it (`pl.Candidate`). Its own
+module: the cost table (costs.py) reads a candidate, and the search (plan.py) makes them."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..schedules import schedule as make_schedule
+
+CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with several stages per rank
+VOCAB = {"vocab-1", "vocab-2"}            # the vocabulary sharded over the pipeline ranks
+
+
+@dataclass
+class Candidate:
+    """One configuration and what the planner predicts for it."""
+    schedule: str
+    pipeline: int                 # pipeline ranks (p)
+    data_parallel: int            # replicas (dp); devices = p × dp × tp
+    microbatches: int
+    chunks: int                   # stages per pipeline rank
+    recompute: str
+    rows: int                     # sequences per microbatch
+    bounds: list[tuple[int, int]] = field(repr=False)
+    tensor: int = 1               # tensor-parallel shards of every block (tp)
+    expert: int = 1               # processes the experts are divided over (ep: 1 or dp)
+    step_time: float = 0.0        # predicted seconds per training step
+    memory_by_rank: list[int] = field(default_factory=list, repr=False)   # bytes, peak
+    activation_peak: list[int] = field(default_factory=list, repr=False)  # of which activations
+    static: list[int] = field(default_factory=list, repr=False)   # parameters, grads, optimizer
+    fits: bool = False
+    reason: str = ""              # why it does not fit ("" when it does)
+
+    @property
+    def peak_memory(self) -> int:
+        """Predicted peak bytes on the fullest device."""
+        return max(self.memory_by_rank)
+
+    @property
+    def vocab(self) -> bool:
+        """Whether the embedding and output layer are sharded over the pipeline ranks."""
+        return self.schedule in VOCAB
+
+    @property
+    def devices(self) -> int:
+        return self.pipeline * self.data_parallel * self.tensor
+
+    def label(self) -> str:
+        chunks = f", v={self.chunks}" if self.chunks > 1 else ""
+        tensor = f" tp={self.tensor}" if self.tensor > 1 else ""
+        tensor += f" ep={self.expert}" if self.expert > 1 else ""
+        return (f"{self.schedule} p={self.pipeline} dp={self.data_parallel}{tensor} "
+                f"m={self.microbatches}{chunks}, recompute {self.recompute}")
+
+    def build(self):
+        """The schedule to run (without the all-reduces: cluster.run adds them)."""
+        options = {"chunks": self.chunks} if self.schedule in CHUNKED else {}
+        return make_schedule(self.schedule, ranks=self.pipeline, microbatches=self.microbatches,
+                             **options)
