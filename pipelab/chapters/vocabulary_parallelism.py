@@ -140,8 +140,8 @@ def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
     totals = [stage_time(a, b) for a, b in bounds]
     kinds = {"S": profile.S / ranks, "T": profile.T / ranks, "Cs": barrier, "Ct": barrier,
              "C": barrier, "Vf": barrier, "Vb": barrier} if sharded else None
-    costs = Costs(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
-                  W=[t / 3 for t in totals], kinds=kinds, unit="s")
+    costs = Costs.per_stage(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
+                            W=[t / 3 for t in totals], kinds=kinds, unit="s")   # by stage bounds
     sched = make_schedule(SCHEDULE_OF[method], ranks=ranks, microbatches=microbatches)
     return sched, costs, bounds
 
