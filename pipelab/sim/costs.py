@@ -42,19 +42,18 @@ class Costs:
     given — one number for every stage, or one per stage. A measured fit (`Costs.fit`), a
     partition's loads (`Partition.costs()`) and the planner's tables are per stage.
 
-    A full backward B costs I + W unless given; a compound
-    step costs the sum of its parts; a kind missing from the table uses the cost rule it was
-    registered with, or is an error naming it. `per_action` (measured seconds per action, as
-    in a replay) overrides the model.
+    A full backward B costs I + W unless given; a compound step costs the sum of its parts; a
+    kind missing from the table uses the cost rule it was registered with, or is an error
+    naming it. `per_action` (measured seconds per action, as in a replay) overrides the model.
 
     `per="microbatch"` (the default): the table holds one microbatch's costs, so more
     microbatches mean more work. `per="batch"`: it holds the whole batch's costs and `simulate`
     charges each of the schedule's m microbatches 1/m of them — a fixed global batch, so naive
     (m=1) and GPipe (m>1) do the same work and their makespans compare. `comm` (a message's
-    latency) and `per_action` (measured times) are never scaled.
+    latency) and `per_action` (measured times) are never scaled, nor divided over stages.
 
     Gradient all-reduces (`AR`, data parallelism) cost a ring all-reduce of the stage's
-    `parameter_bytes` (one number, or one per stage) over `replicas` processes (default: what
+    `parameter_bytes` (one number, or a list as F's) over `replicas` processes (default: what
     the schedule was made for by `with_data_parallel`), at `bandwidth` bytes/s plus `latency`:
     2(n−1)·latency + 2(n−1)/n · bytes / bandwidth; or give `kinds={"AR": ...}` directly. The
     replica sum `G` (bidirectional schedules) costs the same over its two copies.
@@ -68,7 +67,7 @@ class Costs:
     costs the sum of its parts. `overlap=x` says what a GPU would do — overlap the two — and
     charges the longest part plus `x`: a model, stated as such, never a measurement here.
 
-    Tensor parallelism: `tp_allreduce` (T_AR, one number or one per stage) is the all-reduce
+    Tensor parallelism: `tp_allreduce` (T_AR, one number or a list as F's) is the all-reduce
     that ends each forward and each input-gradient pass (kinds registered with `tp_reduce`);
     `tp_overlap` lets it run under other compute where the step allows (tp_overlap.py: a full
     B's W half, a braided compound's other microbatch). 0 (the default): no tensor parallelism.
