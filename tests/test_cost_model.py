@@ -29,13 +29,15 @@ def test_one_object_compares_every_schedule(name, options, makespan):
     assert pl.simulate(sched, UNIT).makespan == makespan
 
 
-@pytest.mark.parametrize("name,options,old", [
-    ("1f1b", {}, 33.0), ("interleaved-1f1b", {"chunks": 2}, 57.0), ("zb-v", {}, 51.0),
+@pytest.mark.parametrize("name,options,m,old", [
+    ("1f1b", {}, 8, 33.0), ("interleaved-1f1b", {"chunks": 2}, 8, 57.0), ("zb-v", {}, 8, 51.0),
+    ("interleaved-1f1b", {"chunks": 2}, 16, 105.0), ("zb-v", {}, 16, 99.0),   # issue 23's
 ])
-def test_the_per_stage_form_gives_the_old_per_stage_numbers(name, options, old):
+def test_the_per_stage_form_gives_the_old_per_stage_numbers(name, options, m, old):
     """What `pl.Costs(F=1, I=1, W=1)` gave before it meant a rank's worth (every stage 1):
-    twice the work on a schedule of two stages per rank, so twice the step without messages."""
-    sched = pl.schedule(name, ranks=4, microbatches=8, **options)
+    twice the work on a schedule of two stages per rank, so twice the step without messages
+    (at m=16, 2 × 52.5 and 2 × 49.5: the issue's 105 and 99)."""
+    sched = pl.schedule(name, ranks=4, microbatches=m, **options)
     per_stage = pl.simulate(sched, pl.Costs.per_stage(F=1, I=1, W=1))
     assert per_stage.makespan == old
     doubled = pl.simulate(sched, pl.Costs(F=2, I=2, W=2)) if sched.stages > sched.ranks else \

@@ -103,7 +103,7 @@ def interleaving_gain(ranks: int, microbatches: int, chunks: int, comm: float = 
     makespans, messages per step, and the saving (positive: interleaving is faster)."""
     base = rank_costs or Costs()
     costs = Costs(F=base.F, I=base.I, W=base.W, B=base.B, comm=comm, unit=base.unit,
-                  per=base.per)
+                  per=base.per, scope=base.scope)
     plain = schedule("1f1b", ranks=ranks, microbatches=microbatches)
     inter = schedule("interleaved-1f1b", ranks=ranks, microbatches=microbatches, chunks=chunks)
     t_plain = simulate(plain, costs).makespan
