@@ -42,7 +42,8 @@ def test_braided_steps_pair_microbatches_with_the_papers_lags(p):
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
 def test_stp_idles_p_minus_1_units_per_rank_at_unit_costs(p):
     for m in (3 * p - 1, 3 * p + 2):
-        tl = pl.simulate(pl.schedule("stp", ranks=p, microbatches=m), pl.Costs.per_stage(F=1, I=1, W=1))
+        tl = pl.simulate(pl.schedule("stp", ranks=p, microbatches=m),
+                         pl.Costs.per_stage(F=1, I=1, W=1))
         assert tl.makespan == 6 * m + p - 1
 
 

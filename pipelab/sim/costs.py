@@ -207,9 +207,9 @@ class Costs:
     @classmethod
     def fit(cls, timeline, stages: int, comm: float = 0.0) -> "Costs":
         """The per-stage table (`scope="stage"`) a measured timeline implies: the median time
-        of each kind on each stage (CPU time where it was recorded). Each kind is fitted from its own samples:
-        I and W from split backwards, B from full ones; where a stage only ran full backwards,
-        I and W are half of its B each. Compound steps are not split into their parts."""
+        of each kind on each stage (CPU time where it was recorded). Each kind is fitted from
+        its own samples: I and W from split backwards, B from full ones; where a stage only ran
+        full backwards, I and W are half of its B each. Compound steps are not split."""
         samples: dict[tuple[str, int], list[float]] = {}
         for e in timeline.events:
             if len(e.action.parts) != 1:
