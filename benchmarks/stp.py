@@ -66,7 +66,7 @@ def unit_costs(res) -> tuple[pl.Costs, float]:
             if ar:
                 per_pass.append(ar)
     med = {k: statistics.median(v) if v else 0.0 for k, v in spans.items()}
-    return (pl.Costs(F=med["F"], I=med["I"], W=med["W"], unit="s"),
+    return (pl.Costs.per_stage(F=med["F"], I=med["I"], W=med["W"], unit="s"),   # one chunk's
             statistics.median(per_pass) if per_pass else 0.0)
 
 

@@ -3,7 +3,8 @@ from .model.gpt import ModelConfig, ToyGPT, build_layer, build_layers, layer_cos
 from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
                         register, schedule, v_placement)
 from .sim.link import Link
-from .sim.simulate import Costs, simulate
+from .sim.costs import Costs
+from .sim.simulate import simulate
 from .sim.timeline import Event, Timeline
 from .views import compare, explorer, plots   # notebook helpers; matplotlib, ipywidgets lazily
 from .model.data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,

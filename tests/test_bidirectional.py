@@ -35,8 +35,9 @@ def test_dualpipe_bubble_is_deepseeks_table(name, ranks, microbatches, overlap, 
     """(PP/2 − 1)(F&B + B − 3W), PP = stages (p for DualPipe, 2p for DualPipeV); F&B is F + B on
     a CPU (overlap=None), max(F, B) + overlap where a GPU would overlap the pair. Exact whenever
     a forward costs what an input-gradient pass costs and W ≤ I (the proportions of DeepSeek's
-    figure), not only at F = I = W."""
-    costs = pl.Costs(F=F, I=I, W=W, overlap=overlap)
+    figure), not only at F = I = W. DeepSeek's F, B, W are one chunk's: a per-stage table
+    (for DualPipeV a chunk is half a rank's worth)."""
+    costs = pl.Costs.per_stage(F=F, I=I, W=W, overlap=overlap)
     tl = pl.simulate(pl.schedule(name, ranks=ranks, microbatches=microbatches), costs)
     B = I + W
     pair = F + B if overlap is None else max(F, B) + overlap

@@ -78,8 +78,9 @@ def test_the_last_stage_reduction_hides_in_the_cool_down_computed_by_hand():
 
 def test_a_reduction_runs_beside_compute_not_before_it():
     base = pl.schedule("interleaved-1f1b", ranks=2, microbatches=4, chunks=2)
-    plain = pl.simulate(base)
-    tl = pl.simulate(pl.with_data_parallel(base, 2), pl.Costs(bandwidth=1, parameter_bytes=50))
+    plain = pl.simulate(base, pl.Costs.per_stage())          # 1 per stage, 50 bytes per stage
+    tl = pl.simulate(pl.with_data_parallel(base, 2),
+                     pl.Costs.per_stage(bandwidth=1, parameter_bytes=50))
     # 2AR (rank 0) starts with 0B2 and lasts 50 units, yet every compute action keeps its time.
     assert tl.compute_end() == plain.makespan == 27.0
     starts = {str(e.action): e.start for e in tl.events}

@@ -94,7 +94,8 @@ SLOW_FIRST = pl.Costs(F=[2, 1], I=[2, 1], W=[2, 1])      # rank 1 waits for each
 @pytest.mark.parametrize("name", ["gpipe", "1f1b", "zb-h1", "interleaved-1f1b"])
 def test_early_placement_fills_idle_time_and_keeps_its_bound(name):
     sched = pl.schedule(name, ranks=2, microbatches=4)
-    costs = pl.Costs(F=[2, 1] * sched.chunks, I=[2, 1] * sched.chunks, W=[2, 1] * sched.chunks)
+    costs = pl.Costs.per_stage(F=[2, 1] * sched.chunks, I=[2, 1] * sched.chunks,
+                               W=[2, 1] * sched.chunks)       # by stage: slow stages on rank 0
     late = pl.with_recompute(sched)
     early = pl.with_recompute(sched, placement="early", costs=costs)
     early.validate()

@@ -1,8 +1,8 @@
 """Interleaved 1F1B, looped BFS and the zero-bubble family against the closed forms of
 shared/FORMULAS.md (Megatron SC21 §2.2.2; Qi et al. ICLR 2024 Table 2 and §6).
 
-Costs: T_F, T_I, T_W are per microbatch per *rank's worth of layers*; with v chunks per rank each
-chunk stage costs 1/v of that, so `chunk_costs(v)` divides them by v. Activation counts are in the
+Costs: T_F, T_I, T_W are per microbatch per *rank's worth of layers*, as a `pl.Costs` holds them;
+with v chunks per rank the simulator charges each chunk stage 1/v of that. Activation counts are in the
 simulator's microbatch-stage units (one chunk forward = 1/v), with i_frees=0 (W frees all).
 """
 import re
@@ -15,10 +15,6 @@ from pipelab.schedules import Action, Schedule, ScheduleError
 UNIT = pl.Costs(F=1.0, I=1.0, W=1.0)
 NEW = ["interleaved-1f1b", "looped-bfs", "zb-h1", "zb-h2", "zb-v"]
 RANKS = range(2, 7)
-
-
-def chunk_costs(v: int, F: float = 1.0, I: float = 1.0, W: float = 1.0) -> pl.Costs:  # noqa: E741
-    return pl.Costs(F=F / v, I=I / v, W=W / v)
 
 
 def spans(tl) -> dict[int, float]:
@@ -40,7 +36,7 @@ def build(name: str, p: int, m: int) -> Schedule:
 @pytest.mark.parametrize("p,m,makespan", [(4, 4, 16.5), (4, 8, 28.5), (8, 16, 58.5), (8, 32, 106.5)])
 def test_interleaved_reference_values(p, m, makespan):
     tl = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=2),
-                     chunk_costs(2))
+                     UNIT)
     assert tl.makespan == pytest.approx(makespan)
     if (p, m) == (4, 8):
         peaks = tl.peak_activations()
@@ -65,7 +61,7 @@ def test_zb_h2_span_and_wall_clock_differ_as_formulas_md_says():
 def test_interleaved_bubble_is_one_over_v_of_1f1b(v):
     """Makespan m(T_F+T_B) + (p−1)(T_F+T_B)/v for every m ≥ p the round rule accepts — also
     when m is not a multiple of p (equal rounds of g ≥ p microbatches)."""
-    costs = chunk_costs(v, F=1.0, I=1.5, W=0.5)          # T_F = 1, T_B = 2, uneven I/W split
+    costs = pl.Costs(F=1.0, I=1.5, W=0.5)          # T_F = 1, T_B = 2, uneven I/W split
     checked = 0
     for p in RANKS:
         for m in range(p, 4 * p + 1):
@@ -84,7 +80,7 @@ def test_interleaved_peak_activations(v):
     for p in RANKS:
         for m in range(2 * p, 5 * p + 1, p):
             peaks = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v),
-                                chunk_costs(v)).peak_activations()
+                                UNIT).peak_activations()
             assert peaks[0] == pytest.approx(p + (p - 1) / v), (p, m)
             assert peaks[p - 1] == pytest.approx(p - (p - 1) / v), (p, m)
             for r in range(p):
@@ -98,7 +94,7 @@ def test_interleaved_with_fewer_microbatches_than_ranks_cannot_fill_the_loop(v):
     for p in RANKS:
         for m in range(1, p):
             tl = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v),
-                             chunk_costs(v))
+                             UNIT)
             assert tl.makespan == pytest.approx((p * v + m - 1) * 3 / v), (p, m)
 
 
@@ -114,7 +110,7 @@ def test_interleaved_peak_with_rounds_of_more_than_p(v):
                 continue
             g = m // rounds
             peaks = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m, chunks=v),
-                                chunk_costs(v)).peak_activations()
+                                UNIT).peak_activations()
             assert peaks == {r: pytest.approx((2 * (p - 1 - r) + (v - 1) * g + 1) / v)
                              for r in range(p)}, (p, m)
             checked += 1
@@ -153,7 +149,7 @@ def test_looped_bfs_bubble_and_memory_from_first_principles(v):
     f = T_F/v and b = T_B/v: the same bubble as interleaved. When m < p each chunk waits for
     microbatch 0 to come round: the pipeline is p·v stages deep, (p·v + m − 1)(f+b).
     Every rank holds all m microbatches' activations of all v chunks at the turn: m."""
-    costs = chunk_costs(v)
+    costs = UNIT
     f_plus_b = 3.0 / v
     for p in RANKS:
         for m in range(1, 3 * p + 1):
@@ -171,8 +167,8 @@ def test_looped_bfs_reads_as_whole_chunks():
 def test_looped_bfs_holds_more_than_depth_first():
     for p in RANKS:
         for m in range(2 * p, 5 * p + 1, p):
-            bfs = pl.simulate(pl.schedule("looped-bfs", ranks=p, microbatches=m), chunk_costs(2))
-            dfs = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m), chunk_costs(2))
+            bfs = pl.simulate(pl.schedule("looped-bfs", ranks=p, microbatches=m), UNIT)
+            dfs = pl.simulate(pl.schedule("interleaved-1f1b", ranks=p, microbatches=m), UNIT)
             assert bfs.makespan == pytest.approx(dfs.makespan)          # same bubble …
             for r in range(p):                                           # … more memory
                 assert bfs.peak_activations()[r] > dfs.peak_activations()[r], (p, m, r)
@@ -254,11 +250,11 @@ def test_zb_v_has_no_bubble_per_rank_span_at_equal_costs():
     for p in range(1, 7):
         for m in range(2 * p - 1, 4 * p + 1):
             sched = build("zb-v", p, m)
-            tl = pl.simulate(sched, chunk_costs(2))
+            tl = pl.simulate(sched, UNIT)
             assert spans(tl) == {r: pytest.approx(3 * m) for r in range(p)}, (p, m)
             assert tl.makespan == pytest.approx(3 * m + (p - 1) / 2), (p, m)
             for i_frees in (0.0, 0.5, 1.0):
-                peaks = pl.simulate(sched, chunk_costs(2), i_frees=i_frees).peak_activations()
+                peaks = pl.simulate(sched, UNIT, i_frees=i_frees).peak_activations()
                 assert peaks == {r: pytest.approx(p) for r in range(p)}, (p, m, i_frees)
 
 

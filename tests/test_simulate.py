@@ -51,7 +51,7 @@ def test_stages_on_one_rank_hand_over_without_communication():
     # Worked by hand (F=1, B=2, c=0.5): only 1F0->2F0 and 2B0->1B0 cross ranks, so the
     # makespan is 4 stages x 3 + 2c = 13; paying c on the four same-rank edges would give 15.
     sched = pl.Schedule.from_text("0F0 1F0 1B0 0B0\n2F0 3F0 3B0 2B0", placement=[0, 0, 1, 1])
-    tl = pl.simulate(sched, pl.Costs(F=1.0, I=1.0, W=1.0, comm=0.5))
+    tl = pl.simulate(sched, pl.Costs.per_stage(F=1.0, I=1.0, W=1.0, comm=0.5))   # per stage
     assert tl.makespan == 13.0
     assert {str(e.action): (e.start, e.end) for e in tl.events} == {
         "0F0": (0, 1), "1F0": (1, 2), "2F0": (2.5, 3.5), "3F0": (3.5, 4.5), "3B0": (4.5, 6.5),
@@ -124,7 +124,7 @@ def test_simulator_agrees_with_a_second_method(name, options, comm):
         F = [1.0 + 0.25 * (s % 3) for s in range(stages)]          # unbalanced on purpose
         I = [1.5 - 0.5 * (s % 2) for s in range(stages)]
         W = [0.5 + 0.25 * (s % 2) for s in range(stages)]
-        tl = pl.simulate(sched, pl.Costs(F=F, I=I, W=W, comm=comm), i_frees=0.25)
+        tl = pl.simulate(sched, pl.Costs.per_stage(F=F, I=I, W=W, comm=comm), i_frees=0.25)
         start, end, curves = reference_simulation(sched, F, I, W, comm, 0.25)
         got = {(tuple(e.action), edge): t for e in tl.events
                for edge, t in (("start", e.start), ("end", e.end))}
@@ -178,7 +178,7 @@ def test_bad_costs_raise():
             pl.Costs(**bad)
     numpy = pytest.importorskip("numpy")      # any sequence works per stage, stored as a list
     assert pl.Costs(F=numpy.array([1.0, 2.0]), I=(1, 1)).F == [1.0, 2.0]
-    with pytest.raises(ValueError, match="per-stage values"):
+    with pytest.raises(ValueError, match="Costs.F has 2 values.*one per rank \\(3\\)"):
         pl.simulate(pl.schedule("gpipe", ranks=3, microbatches=2), pl.Costs(F=[1, 1]))
     with pytest.raises(ValueError, match="costs must be a pl.Costs"):
         pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=2), 3)

@@ -1,5 +1,6 @@
 """The STP schedule against the authors' order, and the simulator's tensor-parallel all-reduce
-against the closed forms of FORMULAS.md (STP, 1F1B-I, ZB-V) on unit costs."""
+against the closed forms of FORMULAS.md (STP, 1F1B-I, ZB-V) on unit costs. The STP paper's
+T_F, T_I, T_W and T_AR are one chunk's (a stage's): the tables here are `pl.Costs.per_stage`."""
 from __future__ import annotations
 
 import pytest
@@ -41,7 +42,8 @@ def test_braided_steps_pair_microbatches_with_the_papers_lags(p):
 @pytest.mark.parametrize("p", [1, 2, 3, 4, 6])
 def test_stp_idles_p_minus_1_units_per_rank_at_unit_costs(p):
     for m in (3 * p - 1, 3 * p + 2):
-        tl = pl.simulate(pl.schedule("stp", ranks=p, microbatches=m), pl.Costs(F=1, I=1, W=1))
+        tl = pl.simulate(pl.schedule("stp", ranks=p, microbatches=m),
+                         pl.Costs.per_stage(F=1, I=1, W=1))
         assert tl.makespan == 6 * m + p - 1
 
 
@@ -53,7 +55,7 @@ def test_stp_refuses_too_few_microbatches_and_other_chunk_counts():
 
 
 def tp_bubbles(name, p, m, a, **options):
-    costs = pl.Costs(F=1, I=1, W=1, tp_allreduce=a, **options)
+    costs = pl.Costs.per_stage(F=1, I=1, W=1, tp_allreduce=a, **options)
     return bubbles(pl.simulate(pl.schedule(name, ranks=p, microbatches=m), costs), costs)
 
 
@@ -100,15 +102,15 @@ def test_1f1b_i_and_zb_v_rows(p):
 
 def test_simulated_timelines_draw_the_all_reduces_on_the_communication_lane():
     s = pl.schedule("stp", ranks=2, microbatches=5)
-    tl = pl.simulate(s, pl.Costs(F=1, I=1, W=1, tp_allreduce=0.25))
+    tl = pl.simulate(s, pl.Costs.per_stage(F=1, I=1, W=1, tp_allreduce=0.25))
     ars = tl.comm_events()
     assert len(ars) == 2 * 2 * 2 * 5 and {e.action.kind for e in ars} == {"Tp"}   # F and I/B
-    assert not pl.simulate(s, pl.Costs(F=1, I=1, W=1)).comm_events()
+    assert not pl.simulate(s, pl.Costs.per_stage(F=1, I=1, W=1)).comm_events()
 
 
 def test_a_tail_holds_back_what_a_step_sends_not_what_stays_on_the_rank():
     s = pl.schedule("stp", ranks=2, microbatches=5)
-    tl = pl.simulate(s, pl.Costs(F=1, I=1, W=1, tp_allreduce=0.25))
+    tl = pl.simulate(s, pl.Costs.per_stage(F=1, I=1, W=1, tp_allreduce=0.25))
     at = {str(e.action): e for e in tl.events if e.action.kind != "Tp"}
     # 3F1+3I0 computes until 8.25; its I's all-reduce (the tail) ends at 8.5.
     assert at["3F1+3I0"].end == 8.25

@@ -73,7 +73,7 @@ def test_free_play_without_an_exercise():
                             costs=pl.Costs(F=1, I=2, W=0.5))
     assert att.passed and att.simulated.makespan == 1 + 1 + 2 + 2 + 0.5
     short = workbench.attempt("0F0 0B0\n1F0 1B0", ranks=2, microbatches=1, costs=pl.Costs(F=[1]))
-    assert short.problem.startswith("cannot simulate it: Costs.F has 1 per-stage values")
+    assert short.problem.startswith("cannot simulate it: Costs.F has 1 values; a rank's worth")
 
 
 def test_live_solutions_are_exact_and_failures_are_sentences(clusters, monkeypatch):

@@ -116,7 +116,8 @@ def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
     import matplotlib.pyplot as plt
     from ..views import ui
     from ..views.plots import compare
-    from ..sim.simulate import Costs, simulate
+    from ..sim.costs import Costs
+    from ..sim.simulate import simulate
     controls = {"ranks": ui.slider("int", "ranks (p)", value=ranks, min=2, max=6),
                 "per": ui.slider("int", "microbatches per update (m)", value=per, min=2, max=8),
                 "batches": ui.slider("int", "batches", value=batches, min=2, max=5)}

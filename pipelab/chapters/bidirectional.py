@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..sim.compare import schedule_table
-from ..sim.simulate import Costs
+from ..sim.costs import Costs
 
 #: The schedules chapter 06 compares: one direction, zero bubble, and the two directions.
 NAMES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe", "dualpipe-v")

@@ -11,7 +11,8 @@ from ..model import moe
 from ..model.data import get_batch
 from ..model.gpt import ModelConfig, ToyGPT
 from ..techniques.expert_routing import Routing, balanced, routed_costs
-from ..sim.simulate import Costs, simulate
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 from ..support.threads import one_thread
 
 KEPT, DROPPED = "#4C72B0", "#C44E52"

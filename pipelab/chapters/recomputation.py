@@ -13,7 +13,8 @@ import torch
 from ..model import memory
 from ..model.gpt import ModelConfig, build_layer
 from ..views.plots import kind_colour
-from ..sim.simulate import Costs, simulate
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 from ..sim.timeline import Timeline
 
 # Names of what one block saves, in the order its forward saves them (memory.block_saved

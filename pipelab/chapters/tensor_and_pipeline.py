@@ -4,7 +4,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..model.gpt import ModelConfig
-from ..sim.simulate import Costs, simulate
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
+from ..sim.tensor_overlap import bubbles as measure
 from ..techniques.tensor import head_features, hidden_features
 
 #: The schedules STP is compared with, by the paper's names (1F1B-I: interleaved 1F1B, 2 chunks).
@@ -53,10 +55,11 @@ def draw_shards(cfg: ModelConfig, size: int):
 
 def compare_tp(ranks: int, microbatches: int, t_ar: float, costs: Costs | None = None) -> dict:
     """STP, ZB-V and 1F1B-I simulated with a tensor-parallel all-reduce of `t_ar` per pass:
-    {name: timeline}. `costs`: F, I, W per chunk (default 1 each)."""
+    {name: timeline}. `costs`: F, I, W per chunk, as the STP paper gives them (default
+    pl.Costs.per_stage(F=1, I=1, W=1); a pl.Costs(...) is a rank's worth, divided)."""
     from dataclasses import replace
     from ..schedules import schedule
-    base = costs or Costs(F=1, I=1, W=1)
+    base = costs or Costs.per_stage(F=1, I=1, W=1)
     priced = replace(base, tp_allreduce=t_ar)
     out = {}
     for label, name in TP_SCHEDULES.items():
@@ -68,6 +71,6 @@ def compare_tp(ranks: int, microbatches: int, t_ar: float, costs: Costs | None =
 
 def bubbles(timeline, costs: Costs | None = None) -> dict[int, dict[str, float]]:
     """Per rank, the TP bubble ("tp"), the PP bubble ("pp") and the span of a simulated
-    timeline (tp_overlap.bubbles), for the unit costs F = I = W = 1 unless `costs` is given."""
-    from ..sim.tensor_overlap import bubbles as measure
-    return measure(timeline, costs or Costs(F=1, I=1, W=1))
+    timeline (tensor_overlap.bubbles), for unit costs per chunk (F = I = W = 1) unless `costs`
+    is given."""
+    return measure(timeline, costs or Costs.per_stage(F=1, I=1, W=1))

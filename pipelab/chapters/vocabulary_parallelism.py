@@ -22,7 +22,8 @@ import torch
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
 from ..sim.partition import balanced_bounds
 from ..schedules import Schedule, schedule as make_schedule
-from ..sim.simulate import Costs, simulate
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
 from ..views.plots import KIND_COLOURS
 from ..support.threads import one_thread
@@ -140,8 +141,8 @@ def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
     totals = [stage_time(a, b) for a, b in bounds]
     kinds = {"S": profile.S / ranks, "T": profile.T / ranks, "Cs": barrier, "Ct": barrier,
              "C": barrier, "Vf": barrier, "Vb": barrier} if sharded else None
-    costs = Costs(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
-                  W=[t / 3 for t in totals], kinds=kinds, unit="s")
+    costs = Costs.per_stage(F=[t / 3 for t in totals], I=[t / 3 for t in totals],
+                            W=[t / 3 for t in totals], kinds=kinds, unit="s")   # by stage bounds
     sched = make_schedule(SCHEDULE_OF[method], ranks=ranks, microbatches=microbatches)
     return sched, costs, bounds
 

@@ -15,7 +15,7 @@ from ..model.memory import _blocks, parameter_bytes
 from ..model.gpt import ModelConfig
 from ..techniques.recompute import RECOMPUTE
 from ..schedules.reductions import allreduce_time
-from ..sim.simulate import Costs
+from ..sim.costs import Costs
 
 
 def stage_costs(c: Candidate, cal: Calibration) -> Costs:
@@ -47,11 +47,12 @@ def stage_costs(c: Candidate, cal: Calibration) -> Costs:
     kinds = {RECOMPUTE: R, **(_vocab_kinds(c, cal) if c.vocab else {})}
     tensor = {} if c.tensor == 1 else {"tp_allreduce": [        # per pass: 2 a block
         2 * _blocks(cal.cfg, a, b) * _all_reduce(cal, message // 4, c.tensor) for a, b in c.bounds]}
-    return Costs(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
-                 kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
-                 bandwidth=cal.bandwidth, latency=cal.latency,
-                 parameter_bytes=[_reduced_bytes(c, cal.cfg, a, b) for a, b in c.bounds],
-                 replicas=c.data_parallel, **tensor)
+    return Costs.per_stage(F=F, I=I, W=W, B=[i + w - cal.overhead for i, w in zip(I, W)],
+                           kinds=kinds, comm=cal.latency + message / cal.bandwidth, unit="s",
+                           bandwidth=cal.bandwidth, latency=cal.latency,
+                           parameter_bytes=[_reduced_bytes(c, cal.cfg, a, b)
+                                            for a, b in c.bounds],
+                           replicas=c.data_parallel, **tensor)     # each stage's own bounds
 
 
 def _expert_exchange(c: Candidate, cal: Calibration) -> float:

@@ -11,7 +11,8 @@ from ..model.gpt import ToyGPT
 from ..techniques.data_parallel import REDUCE
 from ..techniques.tensor import TP_REDUCE, unshard
 from ..schedules.kinds import KIND_SPECS
-from ..sim.simulate import Costs, simulate
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 from ..sim.timeline import Event, Timeline
 from ..schedules.actions import Action
 from .spec import RunSpec

@@ -1,10 +1,9 @@
 """Schedules side by side, for the same model: the logic behind notebooks 04 and 05.
 
-Every comparison here holds the *model* fixed, not the stage: with v chunks (stages) per rank,
-each chunk is 1/v of a rank's layers, so a chunk's forward costs T_F/v (and I, W, B likewise).
-`rank_costs` are the costs of one rank's worth of layers; `chunk_costs` divides them down to
-what one stage of a given schedule costs. With that convention interleaved 1F1B at p=4, m=8,
-v=2 and unit rank costs takes 28.5 (FORMULAS.md), against 33 for 1F1B.
+Every comparison here holds the *model* fixed, not the stage: a `pl.Costs` is one rank's worth
+of layers, and `simulate` divides it over a schedule's chunks (with v chunks per rank, a chunk's
+forward costs T_F/v; I, W, B likewise: costs.py). So interleaved 1F1B at p=4, m=8, v=2 and unit
+costs takes 28.5 (FORMULAS.md), against 33 for 1F1B, with the same object.
 
     from pipelab import compare
     compare.simulate_named("interleaved-1f1b", 4, 8, pl.Costs(), chunks=2).makespan  # 28.5
@@ -26,7 +25,8 @@ from typing import Sequence
 
 from ..schedules import SCHEDULES, schedule
 from ..schedules.routes import weight_share
-from .simulate import Costs, simulate
+from .costs import Costs
+from .simulate import simulate
 from .timeline import Timeline
 
 RANK_KINDS = ("F", "I", "W", "B")
@@ -35,45 +35,22 @@ RANK_KINDS = ("F", "I", "W", "B")
 # --- the same model, any schedule ---------------------------------------------------------------
 
 def chunk_costs(rank_costs: Costs, sched) -> Costs:
-    """Per-stage costs of `sched` from the costs of one rank's worth of layers.
-
-    A stage on a rank holding v stages costs 1/v of that rank's cost — times 2 where every
-    stage has a weight replica (DualPipe, Chimera: a rank's two stages are two whole parts of
-    the model, each a rank's worth).
-    `rank_costs` values are one number, or one number per *rank* (a slow rank makes all its
-    chunks slow); communication, per-action measurements and `overlap` are kept as they are.
-    """
+    """The per-stage table `simulate` runs `sched` on, from a rank's worth of layers
+    (`Costs.for_schedule`, which states the rule): what one chunk costs, to show it."""
     if not isinstance(rank_costs, Costs):
         raise ValueError(f"rank_costs must be a pl.Costs, got {type(rank_costs).__name__}")
-    ranks, stages = sched.ranks, sched.stages
-    copies = stages / sched.model_slices      # 2 where every stage has a weight replica
-    share = [copies / len(sched.stages_of(sched.rank_of(s))) for s in range(stages)]
-
-    def scaled(kind: str, value):
-        if value is None:
-            return None
-        if isinstance(value, list):
-            if len(value) != ranks:
-                raise ValueError(f"rank_costs.{kind} has {len(value)} values; give one number, "
-                                 f"or one per rank ({ranks}), not one per stage")
-            return [value[sched.rank_of(s)] * share[s] for s in range(stages)]
-        if all(x == share[0] for x in share):
-            return value * share[0]
-        return [value * share[s] for s in range(stages)]
-
-    return Costs(F=scaled("F", rank_costs.F), I=scaled("I", rank_costs.I),
-                 W=scaled("W", rank_costs.W), B=scaled("B", rank_costs.B),
-                 comm=rank_costs.comm, per_action=rank_costs.per_action, unit=rank_costs.unit,
-                 kinds={k: scaled(k, v) for k, v in (rank_costs.kinds or {}).items()},
-                 per=rank_costs.per, overlap=rank_costs.overlap)
+    if rank_costs.scope != "rank":
+        raise ValueError("rank_costs must be a rank's worth of layers (pl.Costs(...)), "
+                         "not a per-stage table (pl.Costs.per_stage(...))")
+    return rank_costs.for_schedule(sched)
 
 
 def simulate_named(name: str, ranks: int, microbatches: int, rank_costs: Costs | None = None,
                    *, i_frees: float = 0.0, **options) -> Timeline:
-    """Build the named schedule and simulate it for the same model: costs per rank's worth of
-    layers (default F = I = W = 1), divided among the rank's chunks."""
+    """Build the named schedule and simulate it: costs per rank's worth of layers (default
+    F = I = W = 1), which `simulate` divides among the rank's chunks."""
     sched = schedule(name, ranks=ranks, microbatches=microbatches, **options)
-    return simulate(sched, chunk_costs(rank_costs or Costs(), sched), i_frees=i_frees)
+    return simulate(sched, rank_costs or Costs(), i_frees=i_frees)
 
 
 def spans(timeline: Timeline) -> dict[int, float]:
@@ -127,11 +104,11 @@ def interleaving_gain(ranks: int, microbatches: int, chunks: int, comm: float = 
     makespans, messages per step, and the saving (positive: interleaving is faster)."""
     base = rank_costs or Costs()
     costs = Costs(F=base.F, I=base.I, W=base.W, B=base.B, comm=comm, unit=base.unit,
-                  per=base.per)
+                  per=base.per, scope=base.scope)
     plain = schedule("1f1b", ranks=ranks, microbatches=microbatches)
     inter = schedule("interleaved-1f1b", ranks=ranks, microbatches=microbatches, chunks=chunks)
-    t_plain = simulate(plain, chunk_costs(costs, plain)).makespan
-    t_inter = simulate(inter, chunk_costs(costs, inter)).makespan
+    t_plain = simulate(plain, costs).makespan
+    t_inter = simulate(inter, costs).makespan
     return {"comm": comm, "chunks": chunks, "1f1b": t_plain, "interleaved": t_inter,
             "saving": t_plain - t_inter,
             "messages_1f1b": messages(plain), "messages_interleaved": messages(inter)}

@@ -22,7 +22,7 @@ from ..checks import at_most, positive_int
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
 from ..support.drawers import draw
 from ..support.threads import one_thread
-from .simulate import Costs
+from .costs import Costs
 
 METHODS = ("uniform", "params", "cost")
 _TOKEN = re.compile(r"(E|L|t)(?:\*(\d+))?")
@@ -77,10 +77,11 @@ class Partition:
               backward_ratio: float = 2.0, comm: float = 0.0):
         """A `pl.Costs` with one forward per stage taken from its load (`by` / `per_unit`:
         MFLOP by default; for measured "times" give per_unit=1, unit="s"), and a full backward of `backward_ratio` × the forward, split evenly between
-        I and W: what `pl.simulate` needs to time this split."""
+        I and W: what `pl.simulate` needs to time this split. A table per stage
+        (`pl.Costs.per_stage`): each stage's own load, not a rank's worth to divide."""
         forward = [v / per_unit for v in self.loads(by)]
         half = [backward_ratio / 2 * f for f in forward]
-        return Costs(F=forward, I=half, W=list(half), comm=comm, unit=unit)
+        return Costs.per_stage(F=forward, I=half, W=list(half), comm=comm, unit=unit)
 
     def imbalance(self, by: str = "flops") -> float:
         """Most loaded stage over the mean stage: 1.0 is perfect balance.

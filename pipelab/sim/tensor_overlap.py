@@ -69,6 +69,7 @@ def bubbles(timeline, costs) -> dict[int, dict[str, float]]:
     """Per rank, the two bubbles of the closed forms, read off a simulated timeline: "tp" the
     all-reduce time its compute waited through (each step's time beyond its passes' costs),
     "pp" the idle time within its span (first start to last end), and "span"."""
+    costs = costs.for_schedule(timeline.schedule)      # a rank's worth: per stage, as simulated
     out = {}
     for rank in range(timeline.ranks):
         steps = [e for e in timeline.events_of(rank) if not reduces_nothing(e.action)]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from ..model.gpt import ModelConfig
-from ..sim.simulate import Costs
+from ..sim.costs import Costs
 
 
 @dataclass
@@ -96,6 +96,7 @@ def routed_costs(schedule, costs: Costs, cfg: ModelConfig, bounds, routing: Rout
     load = group_load(routing.kept, expert_parallel).double()          # (m, layers)
     base = group_load(reference.kept, expert_parallel).double()
     per_action = {}
+    table = costs.for_schedule(schedule)       # per stage, as the simulator divides a rank's worth
     for rank_actions in schedule.actions:
         for item in rank_actions:
             for part in item.parts:
@@ -106,5 +107,5 @@ def routed_costs(schedule, costs: Costs, cfg: ModelConfig, bounds, routing: Rout
                 share = expert_share(cfg, start, stop) if mine else 0.0
                 ratio = (load[part.microbatch, mine].sum() / base[part.microbatch, mine].sum()
                          ).item() if mine else 1.0
-                per_action[part] = costs.of(part.kind, part.stage) * (1 - share + share * ratio)
+                per_action[part] = table.of(part.kind, part.stage) * (1 - share + share * ratio)
     return replace(costs, per_action=per_action)

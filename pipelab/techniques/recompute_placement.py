@@ -66,7 +66,8 @@ def _early(schedule: Schedule, costs) -> Schedule:
     """Move each R, rank by rank and in order, to the earliest idle gap between the rank's
     previous backward (or its own F, if later) and its backward; keep a move only when the
     simulated makespan does not grow."""
-    from ..sim.simulate import Costs, simulate
+    from ..sim.costs import Costs
+    from ..sim.simulate import simulate
     costs = Costs() if costs is None else costs
     best = simulate(schedule, costs).makespan
     for rank in range(schedule.ranks):

@@ -9,7 +9,7 @@ from typing import Sequence
 
 from ..sim.compare import *  # noqa: F401,F403  (pl.compare = the comparisons and their pictures)
 from ..sim.compare import crossover_comm, interleaving_gain, longest_span, simulate_named
-from ..sim.simulate import Costs
+from ..sim.costs import Costs
 
 
 def plot_schedule_table(rows: list[dict], ax=None, title: str | None = None):

@@ -20,7 +20,7 @@ from typing import Mapping, Sequence
 from .player import messages_in_flight, live_activations, player, running_at, status  # noqa: F401
 from .predict import predict  # noqa: F401
 from ..sim.compare import simulate_named
-from ..sim.simulate import Costs
+from ..sim.costs import Costs
 
 
 def bubble_line(tl, ranks: int, microbatches: int) -> str:

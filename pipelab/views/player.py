@@ -175,7 +175,8 @@ def _clock_factors(timelines: Sequence[Timeline]) -> list[float]:
 # --- the widget ---------------------------------------------------------------------------------
 
 def _as_timelines(timelines) -> list[Timeline]:
-    from ..sim.simulate import Costs, simulate
+    from ..sim.costs import Costs
+    from ..sim.simulate import simulate
     items = timelines if isinstance(timelines, (list, tuple)) else [timelines]
     out = []
     for item in items:

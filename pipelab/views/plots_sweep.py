@@ -33,7 +33,8 @@ def sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric, 
     """Simulate `name` for every depth p in `ranks` and m in `microbatches`; one row each with
     `metric(timeline)` and, when given, `formula(p, m)`. Data only: `plot_sweep` draws it."""
     from ..schedules import schedule
-    from ..sim.simulate import Costs, simulate
+    from ..sim.costs import Costs
+    from ..sim.simulate import simulate
     costs = costs or Costs()
     table = SweepTable(name=name, metric_name=getattr(metric, "__name__", "metric"))
     for p in ranks:

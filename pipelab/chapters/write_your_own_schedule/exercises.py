@@ -8,7 +8,9 @@ workbench checks on the simulator (on the exercise's costs) and a solution.
 """
 from __future__ import annotations
 
-from ...sim.simulate import Costs, simulate
+from ...sim.costs import Costs
+
+from ...sim.simulate import simulate
 from .workbench import Attempt, Exercise
 
 

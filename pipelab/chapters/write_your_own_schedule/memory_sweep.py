@@ -13,7 +13,8 @@ from typing import Sequence
 
 from ...sim.compare import longest_span
 from ...schedules import schedule
-from ...sim.simulate import Costs, simulate
+from ...sim.costs import Costs
+from ...sim.simulate import simulate
 
 HAND_MADE = ("1f1b", "zb-h1", "zb-h2")
 

@@ -19,7 +19,8 @@ from typing import Callable
 
 from ...schedules import Action, Schedule, ScheduleError
 from ...schedules.base import IDLE_MARKS
-from ...sim.simulate import Costs, simulate
+from ...sim.costs import Costs
+from ...sim.simulate import simulate
 from ...sim.timeline import Timeline
 
 GRAD_TOLERANCE = 1e-5      # float32, relative: the project's bar for every schedule that runs
