@@ -18,6 +18,16 @@ import os
 import sys
 from datetime import timedelta
 
+import pipelab as pl
+
+from . import SCHEDULES
+from .support.atomic import check_target
+from .runtime.spec import check_timeout, prepare_run
+from .runtime import LocalCluster, PipelineTimeout, WorkerError
+from .checks import MAX_LOCAL_RANKS, at_most, positive_int
+from .runtime import assemble, run_rank
+from .runtime.executor import warm_up
+
 EPILOG = """\
 The table shows the makespan and bubble fraction measured (wall clock), replayed (the
 simulator fed each action's measured CPU time: what dedicated cores would show) and simulated
@@ -30,7 +40,6 @@ Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad argumen
 
 def _parser():
     import inspect
-    from . import SCHEDULES
 
     chunked = [name for name, generator in SCHEDULES.items()
                if "chunks" in inspect.signature(generator).parameters]
@@ -89,10 +98,6 @@ def _parser():
 def _build(args, ranks: int):
     """Schedule, config and checked RunSpec from the arguments (ValueError when bad); `ranks`
     is the pipeline's, the processes are ranks × --data-parallel."""
-    import pipelab as pl
-    from .support.atomic import check_target
-    from .runtime.spec import check_timeout, prepare_run
-
     check_timeout(args.timeout)
     if args.trace:                    # before the run, not after it: a file we can write
         check_target(args.trace, "--trace")
@@ -133,8 +138,6 @@ def _report(result, args) -> None:
 
 
 def _local(args, fail) -> int:
-    from .runtime import LocalCluster, PipelineTimeout, WorkerError
-
     ranks = 2 if args.ranks is None else args.ranks
     try:
         _check_processes(ranks, args.data_parallel)
@@ -155,7 +158,6 @@ def _local(args, fail) -> int:
 def _check_processes(ranks: int, data_parallel: int) -> None:
     """The worker processes a local run would start, refused first when there are too many (the
     schedule, the model and the split are not worth building then)."""
-    from .checks import MAX_LOCAL_RANKS, at_most, positive_int
     positive_int("ranks", ranks)
     positive_int("data_parallel", data_parallel)
     at_most("--ranks × --data-parallel (worker processes)", ranks * data_parallel,
@@ -168,8 +170,6 @@ def _torchrun(args, fail) -> int:
     import torch.distributed as dist
     import time
 
-    from .runtime import assemble, run_rank
-    from .runtime.executor import warm_up
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dp = args.data_parallel

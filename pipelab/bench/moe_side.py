@@ -13,12 +13,13 @@ from __future__ import annotations
 import statistics
 import time
 
+from ..model import moe
+from ..techniques.expert import place_experts
+
 
 def layer_times(job: dict) -> dict:
     import torch
     import torch.distributed as dist
-    from ..model import moe
-    from ..techniques.expert import place_experts
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(job.get("seed", 0))
     layer = moe.MoEMLP(job["d_model"], job["d_ff"], job["n_experts"], job["top_k"],

@@ -12,19 +12,24 @@ from __future__ import annotations
 
 import time
 
+from ..runtime.board import Board
+from ..runtime.executor import run_rank
+from ..runtime import executor
+from ..runtime.board import NoBoard
+from .profiling import profiler as make_profiler
+from .profiling import summarize
+from ..runtime.calls import resolve
+
 
 def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None = None) -> dict:
     """`without`: parts of the measuring to switch off for an ablation ("meter", "board");
     `meter`: 'module:Class' of another activation meter to measure with."""
     import torch.distributed as dist
     from multiprocessing import RawArray
-    from ..runtime.board import Board
-    from ..runtime.executor import run_rank
     rank = dist.get_rank()
     marks: list[float] = []
     profiler = None
     if profile:
-        from .profiling import profiler as make_profiler
         profiler = make_profiler()
     barrier = dist.barrier
 
@@ -36,13 +41,10 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
         return out
 
     dist.barrier = timed_barrier
-    from ..runtime import executor
-    from ..runtime.board import NoBoard
     meter_class = executor.ActivationMeter
     if "meter" in without:
         executor.ActivationMeter = _NoMeter
     elif meter is not None:                  # A/B another meter design in the same workers
-        from ..runtime.calls import resolve
         executor.ActivationMeter = resolve(meter)
     try:
         board = Board(RawArray("d", 5 * dist.get_world_size()), dist.get_world_size())
@@ -60,7 +62,6 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
            "cpu": end_cpu - marks[-1], "actions": len(step["actions"]),
            "handler_cpu": sum(a[5] for a in step["actions"])}
     if profiler is not None:
-        from .profiling import summarize
         out["profile"] = summarize(profiler)
     return out
 

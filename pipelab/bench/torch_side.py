@@ -22,6 +22,8 @@ import torch
 from ..model.data import get_batch
 from ..model.gpt import ModelConfig, build_layers, loss_fn
 from ..schedules import loop_placement, v_placement
+from .profiling import profiler as make_profiler
+from .profiling import summarize
 
 #: pipelab schedule name -> (torch class, placement style). zb-h1/zb-h2 have no exact torch
 #: peer: ScheduleInterleavedZeroBubble is torch's ZB1P (ZB-H1-like, interleaved).
@@ -108,7 +110,6 @@ def run_step(job: dict) -> dict:
     kwargs = {"target": targets, "losses": losses} if last else {}
     profiler = None
     if job["profile"]:
-        from .profiling import profiler as make_profiler
         profiler = make_profiler()
     dist.barrier()                                 # every rank starts together, as ours do
     begin, cpu0 = time.perf_counter(), time.thread_time()
@@ -123,7 +124,6 @@ def run_step(job: dict) -> dict:
               "actions": sum(1 for a in sched_actions(sched, rank)),
               "grads": _gradients(job, modules) if job["grads"] else None}
     if profiler is not None:
-        from .profiling import summarize
         report["profile"] = summarize(profiler)
     return report
 

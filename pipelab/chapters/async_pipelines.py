@@ -7,6 +7,14 @@ from typing import Mapping, Sequence
 
 from ..schedules.pipedream import flushed
 from ..schedules.updates import UPDATE, version_plan
+from ..model.memory import parameter_bytes
+from ..views.plots import _time_scale, _with_source
+from ..schedules import schedule
+from ..views import ui
+from ..views.plots import compare
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
+from ..support import noise
 
 
 def versions_over_time(timeline) -> dict[int, list[tuple[float, int]]]:
@@ -27,7 +35,6 @@ def versions_over_time(timeline) -> dict[int, list[tuple[float, int]]]:
 def weight_bytes(schedule, cfg, bounds) -> dict[int, int]:
     """Predicted peak bytes of weights per rank: each stage's most versions at once (the
     schedule's version plan) × its parameter bytes (the byte model, memory.py)."""
-    from ..model.memory import parameter_bytes
     most = version_plan(schedule).max_versions(schedule)
     out: dict[int, int] = {}
     for stage, n in most.items():
@@ -40,7 +47,6 @@ def plot_versions(timelines: Sequence, titles: Sequence[str]):
     """Weight versions per stage over time, one panel per timeline, shared axes; each title says
     where its clock comes from (simulated / replayed / measured)."""
     import matplotlib.pyplot as plt
-    from ..views.plots import _time_scale, _with_source
     fig, axes = plt.subplots(len(timelines), 1, figsize=(10, 1.9 * len(timelines) + 0.6),
                              sharex=True, sharey=True, squeeze=False)
     for tl, title, ax in zip(timelines, titles, axes[:, 0]):
@@ -104,7 +110,6 @@ def training_schedules(ranks: int, batches: int, per: int, twins: bool = False) 
 
 
 def _schedule(name, ranks, microbatches, **options):
-    from ..schedules import schedule
     return schedule(name, ranks=ranks, microbatches=microbatches, **options)
 
 
@@ -114,10 +119,6 @@ def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
     import ipywidgets as w
     from IPython.display import display
     import matplotlib.pyplot as plt
-    from ..views import ui
-    from ..views.plots import compare
-    from ..sim.costs import Costs
-    from ..sim.simulate import simulate
     controls = {"ranks": ui.slider("int", "ranks (p)", value=ranks, min=2, max=6),
                 "per": ui.slider("int", "microbatches per update (m)", value=per, min=2, max=8),
                 "batches": ui.slider("int", "batches", value=batches, min=2, max=5)}
@@ -153,7 +154,6 @@ def race(cluster, a, b, labels: tuple[str, str], rounds: int = 5, margin: float 
     their steps twice: on the wall clock, and replayed from the same runs' CPU times (a win
     must clear 1 ± `margin` in every counted round). Returns (measured verdict, replayed
     verdict); `run_options` go to `cluster.run`."""
-    from ..support import noise
     replayed: dict[str, list[float]] = {labels[0]: [], labels[1]: []}
 
     def timed(label: str, schedule):

@@ -9,6 +9,8 @@ from typing import Sequence
 
 from ..sim.compare import schedule_table
 from ..sim.costs import Costs
+from ..views import ui
+from ..views.compare import _slider_box, against_1f1b, cost_slider as slider
 
 #: The schedules chapter 06 compares: one direction, zero bubble, and the two directions.
 NAMES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe", "dualpipe-v")
@@ -84,8 +86,6 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
     its worst rank's idle time next to DeepSeek's or Chimera's closed form. Where the switch
     cannot act (a refused setting, or Chimera, which has no pairs) its label says why."""
     import ipywidgets as w
-    from ..views import ui
-    from ..views.compare import _slider_box, against_1f1b, cost_slider as slider
 
     controls = {
         "name": ui.control(w.Dropdown, "schedule", options=["chimera", "dualpipe", "dualpipe-v"],

@@ -14,6 +14,8 @@ from ..techniques.expert_routing import Routing, balanced, routed_costs
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..support.threads import one_thread
+from ..views import ui
+from ..model.train import train
 
 KEPT, DROPPED = "#4C72B0", "#C44E52"
 
@@ -135,7 +137,6 @@ def routing_explorer(cfg: ModelConfig, rows: int = 8, expert_parallel: int = 2):
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
-    from ..views import ui
 
     inputs = toy_batch(cfg, rows)
     controls = {
@@ -171,7 +172,6 @@ def train_with_aux(cfg: ModelConfig, coefs, steps: int = 40, batch_size: int = 8
                    rows: int = 16, lr: float = 1e-2) -> dict:
     """Train the MoE model once per load-balancing coefficient α (tqdm bars); return, per α,
     {"before", "after": Routing on a toy batch, "losses": [...]}."""
-    from ..model.train import train
     inputs = toy_batch(cfg, rows, seed=123)
     out = {}
     with one_thread():              # tiny matrices: a second thread only waits for a core

@@ -2,6 +2,9 @@
 from __future__ import annotations
 
 from ..planner.plan import MiB, Plan, plan
+from ..views import ui
+from ..views.compare import _slider_box
+from ..views.explorer import refusal
 
 _MARKERS = "osD^v<>P*X"
 
@@ -49,9 +52,6 @@ def planner_explorer(calibrate_model, *, devices: int = 4, budget_mib: float = 1
     import ipywidgets as w
     import matplotlib.pyplot as plt
 
-    from ..views import ui
-    from ..views.compare import _slider_box
-    from ..views.explorer import refusal
     controls = {
         "devices": ui.slider("int", "devices", value=devices, min=1, max=16),
         "budget": ui.slider("float", "memory per device (MiB)", value=budget_mib, min=1.0,

@@ -16,6 +16,9 @@ from ..views.plots import kind_colour
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.timeline import Timeline
+from ..techniques.recompute import prepare
+from ..model.gpt import layer_costs
+from ..techniques.recompute import policies, recompute_flops
 
 # Names of what one block saves, in the order its forward saves them (memory.block_saved
 # merges each LayerNorm's mean and 1/std into one entry).
@@ -84,7 +87,6 @@ def simulate_bytes(schedule, cfg: ModelConfig, bounds, rows: int, recompute=None
                    costs: Costs | None = None) -> Timeline:
     """`simulate` with memory curves in bytes from the byte model (memory.py), with R actions
     added (recompute.with_recompute) for the stages whose policy drops activations."""
-    from ..techniques.recompute import prepare
     schedule, policies = prepare(schedule, recompute, cfg, bounds)
     tl = simulate(schedule, costs)
     tl.memory = memory.byte_curves(tl, cfg, bounds, rows, policies or None)
@@ -96,8 +98,6 @@ def r_cost_shares(cfg: ModelConfig, bounds, rows: int, recompute) -> list[float]
     """Per stage, the FLOPs its R repeats over its forward's FLOPs: an R's cost in units of the
     stage's F (the simulator's default charges a whole F, right for `full` only on a stage of
     blocks, far too much for `selective`)."""
-    from ..model.gpt import layer_costs
-    from ..techniques.recompute import policies, recompute_flops
     layers = layer_costs(cfg, rows)
     return [recompute_flops(cfg, a, b, rows, p.name) / sum(r["flops"] for r in layers[a:b])
             for (a, b), p in zip(bounds, policies(recompute, cfg, bounds))]
@@ -129,8 +129,6 @@ def r_cpu_share(res) -> float:
 def recompute_share(res) -> float:
     """The share of a step's FLOPs that its R actions repeat, counting F + B as three forwards
     (model.layer_costs; recompute.recompute_flops)."""
-    from ..model.gpt import layer_costs
-    from ..techniques.recompute import recompute_flops
     spec = res.spec
     rows = spec.rows_per_microbatch
     forward = sum(r["flops"] for r in layer_costs(spec.cfg, rows))

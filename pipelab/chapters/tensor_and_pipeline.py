@@ -8,6 +8,7 @@ from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.tensor_overlap import bubbles as measure
 from ..techniques.tensor import head_features, hidden_features
+from ..schedules import schedule
 
 #: The schedules STP is compared with, by the paper's names (1F1B-I: interleaved 1F1B, 2 chunks).
 TP_SCHEDULES = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
@@ -58,7 +59,6 @@ def compare_tp(ranks: int, microbatches: int, t_ar: float, costs: Costs | None =
     {name: timeline}. `costs`: F, I, W per chunk, as the STP paper gives them (default
     pl.Costs.per_stage(F=1, I=1, W=1); a pl.Costs(...) is a rank's worth, divided)."""
     from dataclasses import replace
-    from ..schedules import schedule
     base = costs or Costs.per_stage(F=1, I=1, W=1)
     priced = replace(base, tp_allreduce=t_ar)
     out = {}

@@ -15,6 +15,7 @@ import torch
 from ..model.gpt import ModelConfig, build_layer
 from ..model.weight_grad import WeightGradStore
 from ..techniques.tensor import TensorParallel, TensorParallelBlock, unshard
+from ..techniques.tensor import ColumnParallelLinear, RowParallelLinear, hidden_features
 
 
 def _input(cfg: ModelConfig, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:
@@ -83,7 +84,6 @@ def linear_pass(cfg_dict: dict) -> dict:
     """On one process: a column-parallel and a row-parallel Linear alone (the block's `up` and
     `down`), each run forward and backward on the same input as the whole layer."""
     import torch.distributed as dist
-    from ..techniques.tensor import ColumnParallelLinear, RowParallelLinear, hidden_features
     cfg = ModelConfig(**cfg_dict)
     tp = TensorParallel(dist.get_world_size(), dist.get_rank(), None)
     block = build_layer(cfg, 1)

@@ -27,6 +27,10 @@ from ..sim.simulate import simulate
 from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
 from ..views.plots import KIND_COLOURS
 from ..support.threads import one_thread
+from ..sim.partition import Partition
+from ..schedules.kinds import KIND_SPECS
+from ..views import ui
+from ..runtime.meter import ActivationMeter
 
 METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
 # Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
@@ -68,7 +72,6 @@ class VocabProfile:
 
     @classmethod
     def measure(cls, cfg: ModelConfig, rows: int = 4, repeats: int = 3) -> "VocabProfile":
-        from ..runtime.meter import ActivationMeter
         with one_thread():
             gen = torch.Generator().manual_seed(cfg.seed)
             n = rows * cfg.seq_len
@@ -205,7 +208,6 @@ def format_rows(rows: list[dict]) -> str:
 
 def layout_of(cfg: ModelConfig, bounds) -> str:
     """The bounds as a layout string ("E+t*2|t*2+L")."""
-    from ..sim.partition import Partition
     return Partition(replace(cfg, tie_embeddings=False), bounds, "custom").layout
 
 
@@ -255,7 +257,6 @@ def compute_busy(res) -> list[float]:
     collective barriers left out. On the workers a barrier blocks, and its measured time holds
     the wait for the partner's part of the algebra, which the paper (and our simulator) runs on
     a side lane beside the compute; this is the work the schedule balances."""
-    from ..schedules.kinds import KIND_SPECS
     busy = [0.0] * res.schedule.ranks
     for e in res.timeline.events:
         if e.cpu is not None and not any(KIND_SPECS[p.kind].collective for p in e.action.parts):
@@ -293,7 +294,6 @@ def vocab_explorer(profiles: dict, ranks: int = 4, microbatches: int = 8,
     memory bars of the four methods, simulated from the measured layer costs."""
     import ipywidgets as w
     import matplotlib.pyplot as plt
-    from ..views import ui
     sizes = sorted(profiles)
     pick = ui.control(w.SelectionSlider, "vocabulary size V", options=sizes, value=sizes[-1],
                       continuous_update=False)

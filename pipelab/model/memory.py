@@ -29,6 +29,9 @@ import math
 from .config import ModelConfig, shard_rows
 from .memory_rules import (FREES, FREES_BUT_STASH, FREES_STASH, FREES_SHARD, KEEPS, KEEPS_SHARD,
                            RESTORES)
+from .memory_moe import moe_saved
+from .memory_moe import moe_stash
+from .memory_moe import moe_parameters
 
 FLOAT = 4        # bytes of a float32
 INDEX = 8        # bytes of an int64 token id or position
@@ -70,7 +73,6 @@ def block_saved(cfg: ModelConfig, rows: int, tensor: int = 1, expert: int = 1) -
         "down input (GELU output)": t * f * FLOAT,
     }
     if cfg.moe:
-        from .memory_moe import moe_saved
         del saved["GELU input"], saved["down input (GELU output)"]
         saved.update(moe_saved(cfg, rows, expert))
     return {k: v // tensor if k in TENSOR_SPLIT else v for k, v in saved.items()}
@@ -199,7 +201,6 @@ def weight_grad_bytes(cfg: ModelConfig, start: int, stop: int, rows: int,
     _check_rows(rows)
     t, h, f = rows * cfg.seq_len, cfg.d_model, cfg.ffn_width
     if cfg.moe:                      # attention's Linears, and the experts' (memory_moe)
-        from .memory_moe import moe_stash
         per_block = 6 * t * h * FLOAT + moe_stash(cfg, rows, expert)
     else:
         per_block = (4 * t * h + (4 * t * h + 2 * t * f) // tensor) * FLOAT
@@ -224,7 +225,6 @@ def parameter_count(cfg: ModelConfig, start: int, stop: int, sharded: bool = Fal
     h, f, v, s = cfg.d_model, cfg.ffn_width, cfg.vocab_size, cfg.seq_len
     block = (3 * h * h + 3 * h + h * h + h * f + f + f * h) // tensor + 2 * h + 4 * h
     if cfg.moe:                      # the router and this process's experts, not up and down
-        from .memory_moe import moe_parameters
         block += moe_parameters(cfg, expert)[0] - (2 * h * f + f + h)
     total = _blocks(cfg, start, stop) * block
     if start == 0:
@@ -244,7 +244,6 @@ def _parameter_tensors(cfg: ModelConfig, start: int, stop: int, sharded: bool = 
                        expert: int = 1) -> int:
     per_block = 12                                    # 4 Linears and 2 LayerNorms, weight + bias
     if cfg.moe:
-        from .memory_moe import moe_parameters
         per_block += moe_parameters(cfg, expert)[1] - 4
     tensors = per_block * _blocks(cfg, start, stop)
     tensors += (1 if sharded else 2) if start == 0 else 0   # token and position tables

@@ -17,6 +17,7 @@ GELU (2·f) and its output (h).
 from __future__ import annotations
 
 from .config import ModelConfig
+from .moe import capacity
 
 FLOAT, INDEX = 4, 8
 
@@ -24,7 +25,6 @@ FLOAT, INDEX = 4, 8
 def kept_rows(cfg: ModelConfig, rows: int, expert: int = 1) -> tuple[int, int]:
     """(token side, expert side): the most assignments one microbatch of `rows` sequences keeps,
     and the most rows one process's experts run (they serve all `expert` replicas)."""
-    from .moe import capacity
     s, e, k = cfg.seq_len, cfg.n_experts, cfg.top_k
     per_expert = capacity(s, e, k, cfg.capacity_factor)
     mine = rows * min(k * s, e * per_expert)

@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .weight_grad import Linear
+from ..checks import positive_int, positive_number
 
 
 class Expert(nn.Module):
@@ -224,7 +225,6 @@ def moe_parameter_counts(d_model: int, d_ff: int, n_experts: int, top_k: int) ->
 
 def check_config(cfg) -> None:
     """ValueError naming the ModelConfig field and its rule (called by ModelConfig itself)."""
-    from ..checks import positive_int, positive_number
     n = cfg.n_experts
     if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
         raise ValueError(f"ModelConfig.n_experts must be None, 0 (dense MLPs) or a positive "

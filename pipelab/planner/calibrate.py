@@ -23,6 +23,9 @@ from ..checks import positive_int
 from ..model.gpt import ModelConfig, build_layer, loss_fn
 from ..schedules.kinds import BACKWARD, FORWARD, KIND_SPECS, RECOMPUTE, kinds_with_role
 from ..support.threads import one_thread
+from ..model.memory import parameter_bytes
+from ..sim.partition import uniform_bounds
+from ..schedules import schedule
 
 DEFAULT_LATENCY = 2e-4       # s per message: loopback gloo between two processes, measured here
 DEFAULT_BANDWIDTH = 1e9      # bytes/s of a loopback all-reduce link
@@ -153,9 +156,6 @@ def _live_corrections(cal: Calibration, cluster, rounds: int = 3) -> Calibration
     costs live against the model (`recompute_scale`)."""
     from dataclasses import replace
 
-    from ..model.memory import parameter_bytes
-    from ..sim.partition import uniform_bounds
-    from ..schedules import schedule
     ranks = cluster.ranks
     if ranks < 2:
         raise ValueError("calibrate(cluster=...) needs a cluster of at least 2 ranks")

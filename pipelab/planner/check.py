@@ -15,11 +15,15 @@ import inspect
 import statistics
 
 from .plan import MiB, Candidate, Plan
+from .plan import POLICIES
+from ..techniques.tensor import TensorParallel
+from ..runtime.handlers import run_setups
+from ..runtime.stage import RankStages
+from ..techniques.expert import place_experts
 
 
 def runnable_policies(cluster) -> tuple[str, ...]:
     """The recomputation policies the cluster's runtime can run."""
-    from .plan import POLICIES
     return POLICIES if "recompute" in inspect.signature(cluster.run).parameters else ("none",)
 
 
@@ -62,14 +66,10 @@ def held_bytes(spec, rank: int, shard: int = 0) -> int:
     the parameters, as many gradients, and the state torch's AdamW makes after one step."""
     import torch
 
-    from ..techniques.tensor import TensorParallel
-    from ..runtime.handlers import run_setups
-    from ..runtime.stage import RankStages
     tp = TensorParallel(spec.tensor_parallel, shard) if spec.tensor_parallel > 1 else None
     stages = RankStages(spec.cfg, spec.bounds, spec.schedule.stages_of(rank), tp)
     run_setups(spec, rank, stages)
     if spec.expert_parallel > 1:       # replica 0's share of the experts
-        from ..techniques.expert import place_experts
         place_experts(stages.modules.values(), None, 0, spec.expert_parallel)
     params = stages.parameters()
     for p in params:

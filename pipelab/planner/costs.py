@@ -16,6 +16,8 @@ from ..model.gpt import ModelConfig
 from ..techniques.recompute import RECOMPUTE
 from ..schedules.reductions import allreduce_time
 from ..sim.costs import Costs
+from ..model.memory_moe import kept_rows
+from ..model.memory_moe import moe_parameters
 
 
 def stage_costs(c: Candidate, cal: Calibration) -> Costs:
@@ -62,7 +64,6 @@ def _expert_exchange(c: Candidate, cal: Calibration) -> float:
     compute per process is then what it is on one: memory_moe.kept_rows)."""
     if c.expert == 1:
         return 0.0
-    from ..model.memory_moe import kept_rows
     moved = (c.expert - 1) / c.expert * kept_rows(cal.cfg, c.rows)[0] * cal.cfg.d_model * 4
     return 2 * (2 * cal.latency + moved / cal.bandwidth)
 
@@ -73,7 +74,6 @@ def _reduced_bytes(c: Candidate, cfg: ModelConfig, a: int, b: int) -> int:
     total = parameter_bytes(cfg, a, b, tensor=c.tensor, expert=c.expert)
     if c.expert == 1:
         return total
-    from ..model.memory_moe import moe_parameters
     router = cfg.d_model * cfg.n_experts
     return total - _blocks(cfg, a, b) * (moe_parameters(cfg, c.expert)[0] - router) * 4
 

@@ -28,6 +28,7 @@ from ..schedules.routes import weight_share
 from .costs import Costs
 from .simulate import simulate
 from .timeline import Timeline
+from ..schedules import comm_plan
 
 RANK_KINDS = ("F", "I", "W", "B")
 
@@ -94,7 +95,6 @@ def latency_sweep(ranks: int, microbatches: int, latencies: Sequence[float],
 
 def messages(sched) -> int:
     """Cross-rank transfers of one step (activations forward, gradients back)."""
-    from ..schedules import comm_plan
     return sum(len(step.send) for steps in comm_plan(sched) for step in steps)
 
 

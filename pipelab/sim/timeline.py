@@ -19,6 +19,8 @@ from ..support.drawers import draw
 from ..schedules.actions import Action
 from ..schedules.kinds import (BACKWARD, FORWARD, INPUT_GRAD, byte_rules, collective_kinds,
                                comm_kinds, kinds_with_role)
+from ..schedules.base import Schedule
+from ..schedules.graph import members_of
 
 SOURCES = ("simulated", "measured", "replayed")
 
@@ -169,7 +171,6 @@ class Timeline:
         (each rank's actions in start order, stage placement as observed)."""
         if self.schedule is not None:
             return self.schedule
-        from ..schedules.base import Schedule
         per_rank: list[list[Action]] = [[] for _ in range(self.ranks)]
         placement: dict[int, int] = {}
         for e in self.events:                      # already in start order
@@ -237,7 +238,6 @@ class Timeline:
 
     def ranks_running(self, event: Event) -> tuple[int, ...]:
         """The ranks that ran the event's action: its members for a collective, else its rank."""
-        from ..schedules.graph import members_of
         action = event.action
         if len(action.parts) == 1 and action.kind in collective_kinds():
             return members_of(self.dependency_schedule(), action)

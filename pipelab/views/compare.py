@@ -10,6 +10,9 @@ from typing import Sequence
 from ..sim.compare import *  # noqa: F401,F403  (pl.compare = the comparisons and their pictures)
 from ..sim.compare import crossover_comm, interleaving_gain, longest_span, simulate_named
 from ..sim.costs import Costs
+from . import ui
+from .explorer import refusal
+from .plots import compare as compare_plot
 
 
 def plot_schedule_table(rows: list[dict], ax=None, title: str | None = None):
@@ -49,7 +52,6 @@ def _slider_box(controls: dict, draw, min_height: str = "520px"):
     refused setting prints one line instead of the charts: the page must not jump)."""
     import ipywidgets as w
     from IPython.display import display
-    from . import ui
     out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
     out.layout.min_height = min_height
     box = w.VBox([*controls.values(), out])
@@ -63,9 +65,6 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
     """Sliders for v, p, m and the communication cost (in units of a rank's forward): 1F1B and
     interleaved 1F1B simulated for the same model on one time axis, with the crossover."""
     import matplotlib.pyplot as plt
-    from . import ui
-    from .explorer import refusal
-    from .plots import compare as compare_plot
     controls = {
         "chunks": ui.slider("int", "chunks per rank v", value=chunks, min=1, max=4),
         "ranks": ui.slider("int", "ranks p", value=ranks, min=2, max=8),
@@ -102,7 +101,6 @@ ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
 def cost_slider(value: float, description: str, lo: float = 0.25, hi: float = 3.0,
                 step: float = 0.25):
     """A float slider for one entry of a cost table (F, I, W, a message's cost)."""
-    from . import ui
     return ui.slider("float", description, value=value, min=lo, max=hi, step=step)
 
 
@@ -111,8 +109,6 @@ def against_1f1b(name: str, ranks: int, microbatches: int, costs: Costs, memory:
     one above the other; (1F1B's timeline, the schedule's), or None (one line printed) when
     the schedule refuses these settings."""
     import matplotlib.pyplot as plt
-    from .explorer import refusal
-    from .plots import compare as compare_plot
     try:
         base = simulate_named("1f1b", ranks, microbatches, costs)
         tl = simulate_named(name, ranks, microbatches, costs)
@@ -129,7 +125,6 @@ def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microb
     simulated for the same model (Gantt and memory), with the per-rank span and the wall-clock
     makespan both printed."""
     import ipywidgets as w
-    from . import ui
     slider = cost_slider
 
     controls = {

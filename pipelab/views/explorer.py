@@ -21,6 +21,8 @@ from .player import messages_in_flight, live_activations, player, running_at, st
 from .predict import predict  # noqa: F401
 from ..sim.compare import simulate_named
 from ..sim.costs import Costs
+from . import plots, ui
+from ..sim.partition import METHODS, partition
 
 
 def bubble_line(tl, ranks: int, microbatches: int) -> str:
@@ -94,7 +96,6 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
     import ipywidgets as w
     import matplotlib.pyplot as plt
     from IPython.display import display
-    from . import plots, ui
 
     controls = {
         "name": ui.control(w.Dropdown, "schedule", options=list(names), value=names[0]),
@@ -238,8 +239,6 @@ def balance_explorer(cfg, layer_times=None, batch_size: int = 1, max_stages: int
     """
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
-    from . import ui
-    from ..sim.partition import METHODS, partition
     stages = ui.slider("int", "stages", value=min(4, cfg.total_layers), min=1,
                        max=max_stages or cfg.total_layers)
     method = ui.control(widgets.Dropdown, "method", options=METHODS, value="cost")
@@ -264,7 +263,6 @@ def basis_toggle(views: Mapping[str, Mapping], key: str = "cost"):
     the chosen basis. Returns the widget; `.basis` is the toggle, `.views` the partitions."""
     import ipywidgets as widgets
     import matplotlib.pyplot as plt
-    from . import plots, ui
     if not views:
         raise ValueError("basis_toggle needs at least one basis")
     names = [set(parts) for parts in views.values()]

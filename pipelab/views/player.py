@@ -21,6 +21,9 @@ from typing import NamedTuple, Sequence
 
 from ..schedules.kinds import ACTIVATION, KIND_SPECS
 from ..sim.timeline import Event, Timeline
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
+from . import plots, ui
 
 
 class Message(NamedTuple):
@@ -175,8 +178,6 @@ def _clock_factors(timelines: Sequence[Timeline]) -> list[float]:
 # --- the widget ---------------------------------------------------------------------------------
 
 def _as_timelines(timelines) -> list[Timeline]:
-    from ..sim.costs import Costs
-    from ..sim.simulate import simulate
     items = timelines if isinstance(timelines, (list, tuple)) else [timelines]
     out = []
     for item in items:
@@ -230,7 +231,6 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     import ipywidgets as w
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from . import plots, ui
 
     box.timelines = timelines
     box.headings = headings
@@ -357,7 +357,6 @@ def _draw_frame(box, t: float) -> None:
     lit or in flight changed since the last frame, then draw the cursors and markers over."""
     import html
 
-    from . import plots
 
     text = [f"<b>t = {t * plots._time_scale(box.timelines[0])[0]:.4g} {box.unit}</b>"]
     state = []
@@ -400,7 +399,6 @@ def _draw_background(box, t: float, state) -> None:
     """Re-dim the boxes, redraw the arrows and render everything but the moving artists; keep
     that picture for blitting."""
     from matplotlib.patches import FancyArrowPatch
-    from . import plots
 
     for arrow in box.arrows:
         arrow.remove()

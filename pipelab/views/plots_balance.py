@@ -3,6 +3,7 @@ and per-layer costs. Re-exported by `pipelab.views.plots`."""
 from __future__ import annotations
 
 from .plots_fit import figure_axes, place_legend
+from ..model.gpt import layer_costs
 
 
 BALANCE_COLOURS = {"params": "#8172B3", "flops": "#4C72B0", "times": "#DD8452"}
@@ -62,7 +63,6 @@ VOCAB_LAYER_COLOUR = "#C44E52"    # embedding and head: the layers that are unli
 def plot_layer_costs(cfg, batch_size: int = 1, layer_times=None, axes=None):
     """Per-layer parameters, forward FLOPs and (if given) measured time: embedding and head stand out."""
     import matplotlib.pyplot as plt
-    from ..model.gpt import layer_costs
     costs = layer_costs(cfg, batch_size)
     panels = [("params", [c["params"] / 1e3 for c in costs], "parameters (thousands)"),
               ("flops", [c["flops"] / 1e6 for c in costs], f"forward MFLOP (model, batch {batch_size})")]

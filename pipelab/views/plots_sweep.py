@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Sequence
 
 from .plots_fit import figure_axes, place_legend
+from ..schedules import schedule
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 
 
 class SweepTable(list):
@@ -32,9 +35,6 @@ def sweep(name: str, ranks: Sequence[int], microbatches: Sequence[int], metric, 
           formula=None) -> SweepTable:
     """Simulate `name` for every depth p in `ranks` and m in `microbatches`; one row each with
     `metric(timeline)` and, when given, `formula(p, m)`. Data only: `plot_sweep` draws it."""
-    from ..schedules import schedule
-    from ..sim.costs import Costs
-    from ..sim.simulate import simulate
     costs = costs or Costs()
     table = SweepTable(name=name, metric_name=getattr(metric, "__name__", "metric"))
     for p in ranks:

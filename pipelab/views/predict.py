@@ -11,6 +11,8 @@ import math
 from fractions import Fraction
 from typing import Sequence
 
+from . import ui
+
 
 def _number(value) -> float | None:
     """A float from a number or from text such as "36", "0.25", "3/11", "27 %"; else None."""
@@ -56,7 +58,6 @@ def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", ex
     gives 41 units." is right for a simulated or measured step, wrong for a byte model, a
     routing rule or the planner: pass e.g. subject="the byte model" or "the planner"."""
     import ipywidgets as w
-    from . import ui
 
     judge = Judge(answer, tolerance)
     if not str(subject).strip():

@@ -11,6 +11,8 @@ import matplotlib.pyplot as plt
 from ..model.gpt import ModelConfig, ToyGPT, layer_costs
 from .plots import plot_layer_costs  # noqa: F401 - notebook 00 imports it from here
 from ..model.train import train
+from ..model.train import sample
+from . import ui
 
 
 def _si(value: float) -> str:
@@ -79,7 +81,6 @@ def describe(cfg: ModelConfig) -> str:
 def format_samples(model, prompts, n: int = 40) -> str:
     """Continuations as readable text (not Python reprs): one block per prompt, the prompt in
     brackets and newlines kept as line breaks, indented under it."""
-    from ..model.train import sample
     blocks = []
     for prompt in prompts:
         text = sample(model, prompt, n=n)
@@ -104,7 +105,6 @@ def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads:
     """
     import ipywidgets as w
     from IPython.display import display
-    from . import ui
 
     layers_slider = ui.slider("int", "layers", value=layers, min=1, max=8, continuous_update=True)
     width_slider = ui.slider("int", "width (d_model)", value=width, min=16, max=128, step=16,

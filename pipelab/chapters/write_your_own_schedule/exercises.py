@@ -12,17 +12,16 @@ from ...sim.costs import Costs
 
 from ...sim.simulate import simulate
 from .workbench import Attempt, Exercise
+from ...schedules import schedule
 
 
 def _text(name: str, ranks: int, microbatches: int) -> str:
     """A registered schedule as the reader writes it: one line per rank, no header."""
-    from ...schedules import schedule
     return "\n".join(" ".join(map(str, acts))
                      for acts in schedule(name, ranks=ranks, microbatches=microbatches).actions)
 
 
 def _reference(name: str, exercise: Exercise):
-    from ...schedules import schedule
     return simulate(schedule(name, ranks=exercise.ranks, microbatches=exercise.microbatches),
                     exercise.costs)
 

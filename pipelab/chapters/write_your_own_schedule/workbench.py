@@ -22,6 +22,11 @@ from ...schedules.base import IDLE_MARKS
 from ...sim.costs import Costs
 from ...sim.simulate import simulate
 from ...sim.timeline import Timeline
+from ...sim.compare import longest_span
+from ...runtime import PipelineTimeout, WorkerError
+from ...support.noise import load_line
+from ...views import ui
+from ...views import plots
 
 GRAD_TOLERANCE = 1e-5      # float32, relative: the project's bar for every schedule that runs
 
@@ -78,7 +83,6 @@ class Attempt:
 
 
 def _span(timeline: Timeline) -> float:
-    from ...sim.compare import longest_span
     return longest_span(timeline)
 
 
@@ -171,11 +175,9 @@ def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = 
 
 def _run_live(out: Attempt, cluster, model, seed: int) -> str | None:
     """Run the attempt on the cluster; a failure or a wrong gradient becomes one sentence."""
-    from ...runtime import PipelineTimeout, WorkerError
     if cluster.ranks != out.schedule.ranks:
         return (f"the cluster has {cluster.ranks} ranks and the schedule {out.schedule.ranks}: "
                 f"start a LocalCluster(ranks={out.schedule.ranks})")
-    from ...support.noise import load_line
     try:
         out.run = cluster.run(out.schedule, model=model, seed=seed)
         out.load = load_line()
@@ -196,7 +198,6 @@ class Workbench:
 
     def __init__(self, exercise: Exercise, cluster=None, model=None, seed: int = 0):
         import ipywidgets as w
-        from ...views import ui
         self.exercise, self.cluster, self.model, self.seed = exercise, cluster, model, seed
         self.last: Attempt | None = None
         self.text = w.Textarea(value=exercise.starter.strip() + "\n",
@@ -231,7 +232,6 @@ class Workbench:
     def check(self) -> Attempt:
         """Check the text: the verdict in the status line, the pictures and the report below it.
         An unexpected error (not a mistake in the text) is shown there too, then raised."""
-        from ...views import ui
         # Clear at once (the last verdict must not stand while a live run takes seconds) and
         # say that a check is under way. Setting `outputs` clears in the kernel; the widget's
         # own clear_output() would route through the front end, which can hang a headless run.
@@ -260,7 +260,6 @@ class Workbench:
 
     def _check_and_show(self) -> Attempt:
         import matplotlib.pyplot as plt
-        from ...views import plots
         att = attempt(self.text.value, self.exercise, cluster=self.cluster,
                       model=self.model, seed=self.seed, progress=self._say)
         self.last = att
