@@ -63,7 +63,12 @@ class Reduction:
             offset += n
 
 
-@register_handler("AR")
+# The data-parallel technique registers the kind under this name (techniques/data_parallel.py);
+# the runtime's handler, its stall diagnosis and its cost fit know it as the gradient all-reduce.
+ALL_REDUCE = "AR"
+
+
+@register_handler(ALL_REDUCE)
 def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None:
     if state.dp_group is None or state.replicas == 1:
         return None                   # one replica: nothing to sum

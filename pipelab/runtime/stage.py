@@ -19,12 +19,13 @@ from ..model.weight_grad import WeightGradStore
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
-    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
-                 tp=None):
-        from ..techniques.tensor import TensorParallel, shard_layers
+    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
         self.bounds = bounds
-        self.tp = tp or TensorParallel()      # this process's tensor-parallel shard (or whole)
-        self.modules = {s: shard_layers(build_layers(cfg, *bounds[s]), self.tp) for s in stages}
+        # A technique's setup may replace them (tensor parallelism splits the blocks).
+        self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        # Spans a technique's code times while an action runs, (start, end, what): the executor
+        # hands each to the part that was running (a tensor-parallel all-reduce).
+        self.log: list[tuple[float, float, str]] = []
         # Row slices of the unsplit model's parameters this rank holds besides its stages
         # (vocabulary parallelism): name in ToyGPT -> (the slice, its first row, full shape).
         self.shards: dict[str, tuple[nn.Parameter, int, tuple[int, ...]]] = {}

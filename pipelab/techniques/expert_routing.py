@@ -15,11 +15,13 @@ it is as good as FLOPs are at predicting where a stage's time goes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..model.gpt import ModelConfig
-from ..sim.simulate import Costs
+if TYPE_CHECKING:        # an annotation only: expert.py (this module's importer) loads with the
+    from ..sim.simulate import Costs     # simulator, which imports the techniques package
 
 
 @dataclass
