@@ -19,16 +19,22 @@ from ..model.weight_grad import WeightGradStore
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
-    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int]):
+    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
+                 tp=None):
         self.bounds = bounds
-        # A technique's setup may replace them (tensor parallelism splits the blocks).
         self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        if tp is not None:         # a tensor-parallel shard: splits the blocks (in a run, the
+            self.shard(tp)         # tensor technique's setup does this)
         # Spans a technique's code times while an action runs, (start, end, what): the executor
         # hands each to the part that was running (a tensor-parallel all-reduce).
         self.log: list[tuple[float, float, str]] = []
         # Row slices of the unsplit model's parameters this rank holds besides its stages
         # (vocabulary parallelism): name in ToyGPT -> (the slice, its first row, full shape).
         self.shards: dict[str, tuple[nn.Parameter, int, tuple[int, ...]]] = {}
+
+    def shard(self, tp) -> None:
+        """Replace each stage's layers by `tp`'s shard of them (`tp.shard(layers)`)."""
+        self.modules = {s: tp.shard(module) for s, module in self.modules.items()}
 
     def parameters(self) -> list[nn.Parameter]:
         params = [p for module in self.modules.values() for p in module.parameters()]

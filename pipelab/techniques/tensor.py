@@ -47,6 +47,10 @@ class TensorParallel:
         self.log: list[tuple[float, float, str]] = []    # (start, end, "forward"/"backward")
         self.handles: list = []      # all-reduces launched asynchronously, not yet waited for
 
+    def shard(self, layers: nn.Sequential) -> nn.Sequential:
+        """This process's shard of `layers` (shard_layers)."""
+        return shard_layers(layers, self)
+
     def all_reduce(self, tensor: torch.Tensor, what: str, async_op: bool = False):
         """Sum `tensor` in place over the group (timed); with async_op, return a handle whose
         `wait()` finishes it (and logs it)."""
@@ -301,7 +305,7 @@ def setup_rank(run) -> None:
     tp = TensorParallel(mesh.tp, run.shard, run.group(mesh.tp_group(run.pp, run.replica)),
                         run.spec.link)
     tp.log = run.stages.log
-    run.stages.modules = {s: shard_layers(module, tp) for s, module in run.stages.modules.items()}
+    run.stages.shard(tp)
 
 
 @contextmanager
