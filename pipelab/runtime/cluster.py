@@ -17,10 +17,10 @@ import weakref
 
 from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
-from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC
+from .board import DONE, OPTIM, POLL, RECV, RUN, SENDS, SETUP, SYNC
 from .calls import CallResults
 from .errors import WorkerError
-from .pool import POLL, WorkerPool, death
+from .pool import WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh

@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from .board import DONE, IN_ALL_TO_ALL, IN_REDUCTION, RECV, RUN, RankState
+from .board import DONE, IN_ALL_TO_ALL, IN_REDUCTION, RUN, RankState
 from .collectives import ALL_REDUCE
 from .errors import PipelineTimeout
 from .watchdog import describe, diagnose, never_started, progress, ready_since, setting_up

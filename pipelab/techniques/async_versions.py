@@ -29,12 +29,7 @@ from ..schedules.updates import SELECT, UPDATE, check_updates, covered, has_upda
 from ..runtime.handlers import register_handler
 from ..runtime.stage import layer_names
 from ..runtime.techniques import Technique, register_technique
-
-
-def sgd_step(weight: torch.Tensor, grad: torch.Tensor, lr: float,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """W − lr·g, the one update rule of asynchronous runs (shared with the emulation)."""
-    return torch.add(weight, grad, alpha=-lr, out=out)
+from .async_staleness import check_run, sgd_step
 
 
 def _bytes(module) -> int:
@@ -172,7 +167,6 @@ def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
                         for rep in reports},
         most_versions={s: n for rep in reports for s, n in rep["versions"]["most"].items()})
     if spec.check:
-        from .async_staleness import check_run
         updates = {u: rec for rep in reports for u, rec in rep["versions"]["updates"].items()}
         losses = {mb: loss for rep in reports for mb, loss in rep["steps"][0]["losses"].items()}
         out.check = check_run(spec, updates, losses)
