@@ -63,8 +63,9 @@ class Reduction:
             offset += n
 
 
-# The data-parallel technique registers the kind under this name (techniques/data_parallel.py);
-# the runtime's handler, its stall diagnosis and its cost fit know it as the gradient all-reduce.
+# The gradient all-reduce's kind: the data-parallel technique registers its spec (where it sits
+# in a schedule, its cost rule: techniques/data_parallel.py); the runtime runs it, explains a
+# stall in it (meshwatch.py) and prices it by the ring formula (result.py).
 ALL_REDUCE = "AR"
 
 

@@ -12,6 +12,7 @@ rule, the ring all-reduce 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth, r
 """
 from __future__ import annotations
 
+from ..runtime.collectives import ALL_REDUCE
 from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
@@ -29,7 +30,7 @@ def _reduce_cost(costs, stage: int) -> float:
     return allreduce_time(nbytes, costs.replicas or 1, costs.bandwidth, costs.latency)
 
 
-REDUCE = "AR"       # the kind's name: the runtime's watch and the cost fit look for it by this
+REDUCE = ALL_REDUCE     # "AR": the runtime's gradient all-reduce (collectives.py) runs it
 
 register_kind(REDUCE, "all-reduce of the stage's gradients over its data-parallel replicas",
               inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
