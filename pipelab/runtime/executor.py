@@ -108,13 +108,14 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp, shard)) if mesh.dp > 1 else None
         state.link = spec.link             # an emulated link the reductions wait out (or None)
-        board.set(rank, k, 0, SYNC)
-        dist.barrier()                 # every rank starts the step together: one time origin
-        # Every forward this step (F, and a recomputation's) holds 1/(m · replicas) of the batch
-        # loss: MoE layers scale their aux loss's gradient alike.
-        with around_step(spec.techniques, run, state), \
-                loss_share(1.0 / (state.m * state.replicas)):
-            report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
+        # The techniques' step hooks set up before the barrier, so that no rank starts late.
+        with around_step(spec.techniques, run, state):
+            board.set(rank, k, 0, SYNC)
+            dist.barrier()             # every rank starts the step together: one time origin
+            # Every forward this step (F, and a recomputation's) holds 1/(m · replicas) of the
+            # batch loss: MoE layers scale their aux loss's gradient alike.
+            with loss_share(1.0 / (state.m * state.replicas)):
+                report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
         if k == 0 and spec.check and spec.gradient_check:
             if replica == 0:           # the replicas' summed gradients are equal
                 report["grads"] = stages.gradients()

@@ -9,7 +9,9 @@ import torch
 from ..model.data import get_batch
 from ..model.gpt import ToyGPT
 from ..schedules.kinds import KIND_SPECS
-from ..sim import simulate as simulation   # (the module: imported while sim.simulate loads)
+# The module, not its names: the runtime is imported (by the techniques) while sim.simulate is
+# still loading, as long as the simulator imports techniques.tensor_overlap.
+from ..sim import simulate as simulation
 from ..sim.timeline import Event, Timeline
 from ..schedules.actions import Action
 from .collectives import ALL_REDUCE
@@ -65,8 +67,8 @@ class RunResult:
     # The machine's 1-minute load average when the run was sent and when it came back: a
     # measured (wall-clock) figure means little without it on a shared machine.
     load: tuple[float, float] | None = None
-    # The technique hooks the run entered (runtime/techniques.py): per process, its setup and
-    # step hooks; "parent" (-1), prepare and assemble.
+    # The technique hooks the run entered (runtime/techniques.py), as (phase, technique): under
+    # -1 the parent's (prepare, assemble), under each process rank its own (setup, step).
     walk: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
 
     @property

@@ -26,11 +26,9 @@ import dataclasses
 from contextlib import ExitStack, contextmanager
 from typing import Callable
 
-PHASES = ("prepare", "setup", "step", "assemble")
-
-
 @dataclasses.dataclass(frozen=True)
 class Technique:
+    """A technique's hooks; a run uses it when its prepare hook says so (none: never)."""
     name: str
     prepare: Callable | None = None      # (Draft) -> bool: does this run use it
     setup: Callable | None = None        # (RankRun) -> None
