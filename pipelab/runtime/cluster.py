@@ -134,10 +134,10 @@ class LocalCluster:
             "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
             actions are added before each backward that needs one (recompute.py).
         tensor_parallel: shards of each pipeline rank (Megatron tensor parallelism,
-            parallel/tensor.py): every block is split over that many processes, which sum
+            techniques/tensor.py): every block is split over that many processes, which sum
             activations and input gradients with all-reduces (`Tp` events on the timeline).
         expert_parallel: divide each MoE layer's experts over the data-parallel group (a mesh
-            of pipeline ranks × expert_parallel processes; parallel/expert.py).
+            of pipeline ranks × expert_parallel processes; techniques/expert.py).
         link: a pl.Link(latency=seconds, bandwidth=bytes_per_s): every message completes no
             earlier than latency + bytes / bandwidth after it was posted, every all-reduce by
             the ring formula, every all-to-all likewise; the ranks sleep through the wait (no

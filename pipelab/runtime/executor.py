@@ -33,7 +33,7 @@ from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
-from .stage import RankStages, StepState
+from .stage import RankStages, StepState, replica_own
 from .techniques import around_step, setup_all, walk
 
 
@@ -92,10 +92,10 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     report.update({"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
                    "steps": [], "grads": None,
                    "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-                   # what each stage's gradient all-reduce (AR, G) moves: experts stay unsummed
+                   # what each stage's gradient all-reduce (AR, G) moves: a replica's own
+                   # parameters (its experts) stay unsummed
                    "reduced_bytes": {s: sum(p.numel() * p.element_size()
-                                            for p in module.parameters()
-                                            if not getattr(p, "expert_shard", False))
+                                            for p in module.parameters() if not replica_own(p))
                                      for s, module in stages.modules.items()}})
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
@@ -117,10 +117,9 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
             with loss_share(1.0 / (state.m * state.replicas)):
                 report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
         if k == 0 and spec.check and spec.gradient_check:
-            if replica == 0:           # the replicas' summed gradients are equal
-                report["grads"] = stages.gradients()
-            elif spec.expert_parallel > 1:   # but each replica holds its own experts
-                report["grads"] = stages.gradients(lambda p: getattr(p, "expert_shard", False))
+            # The replicas' summed gradients are equal: replica 0 reports them; each replica
+            # reports those of the parameters it alone holds (its experts).
+            report["grads"] = stages.gradients(None if replica == 0 else replica_own)
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)
         # The last step's update is skipped: its weights are never used again (every run
@@ -186,8 +185,8 @@ def _wiring(spec: RunSpec, plan) -> list:
         received = {(t.consumer, t.name) for t in step.recv}
         parts = []
         own = set(step.action.parts)
-        # Braided only where there is asynchronous work to hide: tensor-parallel all-reduces.
-        braided = len(own) > 1 and spec.tensor_parallel > 1
+        # Braided only where a technique has asynchronous work to hide (spec.braided).
+        braided = len(own) > 1 and spec.braided
         for part in step.action.parts:
             sources = []
             for name, producer, carries in sched.inputs(part):
@@ -239,7 +238,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         posted = _post(plan[i + 1], wiring[i + 1], link) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         meter.reset_peak()             # this action's own peak, whatever it frees by its end
-        # A braided step runs its backward on a thread of its own (parallel/braid.py), which
+        # A braided step runs its backward on a thread of its own (techniques/tensor_braid.py), which
         # the thread's clock would not see: its CPU time is the process's (gloo's threads too).
         cpu_of = time.process_time if wiring[i][2] else cpu_clock
         cpu0, start = cpu_of(), clock()

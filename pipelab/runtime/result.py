@@ -51,7 +51,7 @@ class RunResult:
     # pipeline rank's row) in `process_timelines[(pp, dp)]` — the last step of each.
     replica_timelines: list[Timeline] = field(default_factory=list)
     process_timelines: dict[tuple[int, int], Timeline] = field(default_factory=dict)
-    # A schedule with optimizer updates (U): weight versions and their check (versions.py).
+    # A schedule with optimizer updates (U): weight versions and their check (techniques/async_versions.py).
     versions: object | None = None
     # Per pipeline rank, each action of the last step with the peak of live activation bytes
     # while it ran (what it materialised included, even if it freed it by its end).

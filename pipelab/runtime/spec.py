@@ -40,12 +40,14 @@ class RunSpec:
     data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
     inject_replica: int | None = None    # test hook: inject only into this replica
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
-    tensor_parallel: int = 1             # shards of each pipeline rank (parallel/tensor.py)
+    tensor_parallel: int = 1             # shards of each pipeline rank (techniques/tensor.py)
     expert_parallel: int = 1             # the dp group divides each MoE layer's experts
     link: Link | None = None             # an emulated link every transfer waits out (link.py)
     techniques: tuple[str, ...] = ()     # the registered techniques this run uses (techniques.py)
     gradient_check: bool = True          # False: a technique checks the run its own way
     #                                      (weight versions), not against the unsplit gradients
+    braided: bool = False                # a compound step's parts run side by side, where a
+    #                                      technique has asynchronous work to hide (executor.py)
 
     @property
     def mesh(self) -> Mesh:
@@ -99,6 +101,7 @@ class Draft:
     split_untied: bool = False           # each rank holds both tied tables (vocabulary shards)
     partition_name: str = "uniform"
     gradient_check: bool = True
+    braided: bool = False
     checks: list = field(default_factory=list)   # run after every prepare hook (see `later`)
     _bounds: list | None = None
 
@@ -241,7 +244,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    draft.partition_name, injections, plugins, dp, replica, draft.recompute, tp,
-                   ep, link, used, draft.gradient_check)
+                   ep, link, used, draft.gradient_check, draft.braided)
 
 
 def _check_link_kinds(schedule: Schedule) -> None:

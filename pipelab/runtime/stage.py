@@ -16,6 +16,17 @@ from ..schedules import Action
 from ..model.weight_grad import WeightGradStore
 
 
+def mark_replica_own(p: nn.Parameter) -> None:
+    """Mark `p` as this data-parallel replica's own (its share of the experts), not a copy of
+    a parameter every replica holds: its gradient is already the whole batch's, so it is not
+    summed over the replicas (collectives.py), and each replica reports its own."""
+    p.replica_own = True
+
+
+def replica_own(p: nn.Parameter) -> bool:
+    return getattr(p, "replica_own", False)
+
+
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
@@ -104,7 +115,7 @@ class StepState:
         self.replicas = 1
         self.dp_group = None
         self.in_flight: list = []
-        # Weight versions (runtime/versions.py) when the schedule updates inside itself.
+        # Weight versions (techniques/async_versions.py) when the schedule updates inside itself.
         self.versions = None
         # Activation recomputation (recompute.py): a Recomputer when a policy drops activations.
         self.recompute = None

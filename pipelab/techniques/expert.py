@@ -37,6 +37,7 @@ import torch.distributed as dist
 from ..model import moe
 from ..schedules.actions import Action
 from ..runtime.board import IN_ALL_TO_ALL
+from ..runtime.stage import mark_replica_own
 from ..runtime.techniques import Technique, register_technique
 from ..schedules.kinds import register_kind
 from .expert_routing import routing_of
@@ -115,7 +116,7 @@ class _AllToAll(torch.autograd.Function):
 
 def place_experts(modules, group, index: int, size: int, on_wait=None, link=None) -> None:
     """Keep only process `index`'s share of every MoE layer's experts in `modules` and route
-    through `group`; the kept experts' parameters are marked `expert_shard` (not all-reduced)."""
+    through `group`; the kept experts' parameters are the replica's own (not all-reduced)."""
     for module in modules:
         for layer in module.modules():
             if not isinstance(layer, moe.MoEMLP):
@@ -125,7 +126,7 @@ def place_experts(modules, group, index: int, size: int, on_wait=None, link=None
             for name in [n for n in layer.experts if int(n) not in mine]:
                 del layer.experts[name]
             for p in layer.experts.parameters():
-                p.expert_shard = True
+                mark_replica_own(p)
             layer.exchange = GroupExchange(group, index, size, local, on_wait, link)
 
 

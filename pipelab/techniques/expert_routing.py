@@ -47,7 +47,7 @@ class Routing:
 
 def routing_of(step_reports: list[dict], microbatches: int) -> Routing | None:
     """Sum the routing records of one step over the processes that made them (see
-    parallel/expert.step_records); None when the run had no MoE layer."""
+    expert.step_records); None when the run had no MoE layer."""
     records = [rec for rep in step_reports for rec in rep.get("routing", ())]
     if not records:
         return None

@@ -90,7 +90,7 @@ class _Pending:
             self.handle = None
 
 
-# Set on the thread of a braided backward (parallel/braid.py): a function that hands the turn
+# Set on the thread of a braided backward (techniques/tensor_braid.py): a function that hands the turn
 # to the step's other part until it is this backward's turn again. Thread-local, because that
 # backward runs on a thread of its own while the executor's thread runs the other part.
 _braid = threading.local()
@@ -288,6 +288,7 @@ def prepare_run(draft) -> bool:
             f"{draft.ranks}: use LocalCluster(ranks={schedule.ranks * dp * tp})")
     check_divisible(draft.cfg.n_heads, draft.cfg.ffn_width, tp)
     draft.later(_alone)
+    draft.braided = True       # a compound step computes one part while another's all-reduce runs
     return True
 
 
