@@ -60,6 +60,7 @@ def test_the_reader_sees_function_level_and_relative_imports(tmp_path):
 
 CFG = pl.ModelConfig(n_layers=2, d_model=16, n_heads=2, seq_len=8, n_experts=4, top_k=2,
                      capacity_factor=1.0, aux_loss_coef=0.05)
+DENSE = pl.ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16)
 
 
 @pytest.fixture(scope="module")
@@ -89,14 +90,17 @@ def test_a_run_passes_through_each_technique_once_per_phase(walked):
 
 def test_a_technique_registered_in_a_user_module_runs_in_the_workers(clusters):
     sched = Schedule.from_text("0F0 0B0 0SY\n1F0 1B0 0SY", placement=[0, 1]).validate()
-    res = clusters(2).run(sched, model=pl.ModelConfig(n_layers=2, d_model=32, n_heads=4,
-                                                      seq_len=16))
+    res = clusters(2).run(sched, model=DENSE)
     assert "pipelab_test_technique" in res.spec.plugins
     assert res.spec.techniques == ("probe",)
     # the setup hook ran in each worker process (its pid is not this one's), once
     assert len(set(res.probed)) == 2 and os.getpid() not in res.probed
     assert res.walk[0] == res.walk[1] == [("setup", "probe"), ("step", "probe")]
     assert res.max_grad_error <= 1e-5
+    # a run that uses no technique enters none in its workers, and assembles without one
+    plain = clusters(2).run(pl.schedule("1f1b", ranks=2, microbatches=2), model=DENSE)
+    assert plain.spec.techniques == ()
+    assert plain.walk[0] == plain.walk[1] == [] and ("assemble", "probe") not in plain.walk[-1]
 
 
 def test_a_technique_defined_in_main_is_refused_before_any_process_starts():
