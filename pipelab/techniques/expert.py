@@ -35,10 +35,10 @@ import torch
 import torch.distributed as dist
 
 from ..model import moe
-from ..schedules.actions import Action
 from ..runtime.board import IN_ALL_TO_ALL
 from ..runtime.stage import mark_replica_own
 from ..runtime.techniques import Technique, register_technique
+from ..schedules.actions import Action
 from ..schedules.kinds import register_kind
 from .expert_routing import routing_of
 
