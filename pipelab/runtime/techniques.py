@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 from contextlib import ExitStack, contextmanager
-from typing import Callable
+from typing import Callable, Iterator
+
 
 @dataclasses.dataclass(frozen=True)
 class Technique:
@@ -90,7 +91,7 @@ def prepare_all(draft) -> tuple[str, ...]:
     return tuple(used)
 
 
-def setup_all(names, rank_run) -> None:
+def setup_all(names: tuple[str, ...], rank_run) -> None:
     """The per-rank set-up of the run's techniques, in registration order."""
     for t in _used(names):
         if t.setup is not None:
@@ -99,7 +100,7 @@ def setup_all(names, rank_run) -> None:
 
 
 @contextmanager
-def around_step(names, rank_run, state):
+def around_step(names: tuple[str, ...], rank_run, state) -> Iterator[None]:
     """The run's techniques' step hooks, nested in registration order around one step."""
     with ExitStack() as stack:
         for t in _used(names):
@@ -109,19 +110,20 @@ def around_step(names, rank_run, state):
         yield
 
 
-def assemble_all(names, assembly) -> None:
+def assemble_all(names: tuple[str, ...], assembly) -> None:
+    """The run's techniques' assemble hooks, in registration order."""
     for t in _used(names):
         if t.assemble is not None:
             _enter("assemble", t)
             t.assemble(assembly)
 
 
-def _used(names) -> list[Technique]:
+def _used(names: tuple[str, ...]) -> list[Technique]:
     found = [technique(name) for name in names]
     order = list(TECHNIQUES)
     return sorted(found, key=lambda t: order.index(t.name))
 
 
-def priced_kinds(names) -> set[str]:
+def priced_kinds(names: tuple[str, ...]) -> set[str]:
     """The kinds the run's techniques leave to the link's formulas."""
     return {kind for t in _used(names) for kind in t.priced}
