@@ -5,6 +5,7 @@ import torch
 
 import pipelab as pl
 from pipelab.model import memory
+from pipelab.model.gpt import Block
 from pipelab.techniques.recompute import Policy, Recomputer, sequential_peak
 from pipelab.runtime.meter import ActivationMeter
 from pipelab.model.weight_grad import WeightGradStore
@@ -181,7 +182,7 @@ def test_R_with_split_backward_restores_what_I_and_W_need():
     layers = pl.build_layers(cfg, 0, n)
     calls = []
     for layer in layers:
-        if isinstance(layer, pl.model.Block):
+        if isinstance(layer, Block):
             layer.register_forward_pre_hook(lambda module, args: calls.append(module))
     meter = ActivationMeter(layers.parameters())
     rc = Recomputer({0: Policy("full")}, meter)

@@ -10,6 +10,7 @@
     plugins.py   outside kinds reach the workers         calls.py     a named function on every worker
     rendezvous.py where the workers meet (this machine)  startup.py   why workers could not start
     heap.py      keep freed memory, as a caching allocator  errors.py  how a run fails
+    mesh.py      the processes' (pp, dp, tp) coordinates    techniques.py  where techniques plug in
 """
 from .cluster import LocalCluster
 from .errors import PipelineTimeout, WorkerError
@@ -17,6 +18,8 @@ from .executor import run_rank
 from .handlers import HANDLERS, register_handler
 from .result import RunResult, assemble
 from .spec import RunSpec, prepare_run
+from .techniques import TECHNIQUES, Technique, register_technique
 
 __all__ = ["LocalCluster", "PipelineTimeout", "WorkerError", "run_rank", "HANDLERS",
-           "register_handler", "RunResult", "assemble", "RunSpec", "prepare_run"]
+           "register_handler", "RunResult", "assemble", "RunSpec", "prepare_run", "TECHNIQUES",
+           "Technique", "register_technique"]

@@ -19,6 +19,7 @@ import pickle
 import time
 from typing import Callable
 
+from .board import POLL
 from .errors import PipelineTimeout, WorkerError
 
 
@@ -115,7 +116,6 @@ def call_all(pool, name: str, data: bytes, timeout: float,
     every rank within `timeout` seconds); the caller then discards the workers.
     """
     from ..support.noise import load_average
-    from .pool import POLL
     load_before = load_average()
     for conn in pool.conns:
         conn.send_bytes(data)

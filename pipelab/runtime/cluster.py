@@ -17,10 +17,10 @@ import weakref
 
 from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
-from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC
+from .board import DONE, OPTIM, POLL, RECV, RUN, SENDS, SETUP, SYNC
 from .calls import CallResults
 from .errors import WorkerError
-from .pool import POLL, WorkerPool, death
+from .pool import WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh
@@ -134,10 +134,10 @@ class LocalCluster:
             "every-k", or {"policy": "every-k", "k": 2}, or a list with one per stage; `R`
             actions are added before each backward that needs one (recompute.py).
         tensor_parallel: shards of each pipeline rank (Megatron tensor parallelism,
-            parallel/tensor.py): every block is split over that many processes, which sum
+            techniques/tensor.py): every block is split over that many processes, which sum
             activations and input gradients with all-reduces (`Tp` events on the timeline).
         expert_parallel: divide each MoE layer's experts over the data-parallel group (a mesh
-            of pipeline ranks × expert_parallel processes; parallel/expert.py).
+            of pipeline ranks × expert_parallel processes; techniques/expert.py).
         link: a pl.Link(latency=seconds, bandwidth=bytes_per_s): every message completes no
             earlier than latency + bytes / bandwidth after it was posted, every all-reduce by
             the ring formula, every all-to-all likewise; the ranks sleep through the wait (no

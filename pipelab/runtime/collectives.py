@@ -22,7 +22,7 @@ from ..schedules.reductions import REPLICA_SUM
 from .handlers import register_handler
 from .link import collective
 from .plugins import process_group
-from .stage import StepState
+from .stage import StepState, replica_own
 
 
 class Reduction:
@@ -63,14 +63,18 @@ class Reduction:
             offset += n
 
 
-@register_handler("AR")
+# The gradient all-reduce's kind: the data-parallel technique registers its spec (where it sits
+# in a schedule, its cost rule: techniques/data_parallel.py); the runtime runs it, explains a
+# stall in it (meshwatch.py) and prices it by the ring formula (result.py).
+ALL_REDUCE = "AR"
+
+
+@register_handler(ALL_REDUCE)
 def all_reduce_gradients(state: StepState, action: Action, inputs: dict) -> None:
     if state.dp_group is None or state.replicas == 1:
         return None                   # one replica: nothing to sum
-    # Expert-parallel shards (parallel/expert.py) hold different experts on each replica:
-    # their gradients are already the whole batch's, and are not summed.
-    params = [p for p in state.module(action.stage).parameters()
-              if not getattr(p, "expert_shard", False)]
+    # A replica's own parameters (its experts) are not summed (stage.mark_replica_own).
+    params = [p for p in state.module(action.stage).parameters() if not replica_own(p)]
     state.in_flight.append(Reduction(action, params, state.dp_group, state.replicas, state.link))
     return None
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import time
-from contextlib import contextmanager
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -25,21 +25,34 @@ from ..model.gpt import ModelConfig, ToyGPT, loss_fn
 from ..model.moe import loss_share
 from ..schedules import comm_plan
 from . import p2p
-from .board import DONE, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
+from .board import DONE, IN_REDUCTION, OPTIM, RECV, RUN, SENDS, SETUP, SYNC, NoBoard
 from ..model.weight_grad import WeightGradStore
 from .handlers import HANDLERS, run_setups
-from . import collectives  # noqa: F401  (registers the AR handler)
-from ..techniques.async_versions import weight_versions   # (and registers the U handler)
-from ..techniques import recompute  # noqa: F401  (registers the R kind and handler)
-from ..techniques import vocab_passes  # noqa: F401  (registers the vocabulary passes' handlers)
+from . import collectives  # noqa: F401  (registers the AR and G handlers)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
 from .spec import RunSpec
-from .stage import RankStages, StepState
-from ..techniques.tensor import TensorParallel
-from ..techniques import tensor_braid as _braid  # noqa: F401  (registers the braided F, B, I and W)
+from .stage import RankStages, StepState, replica_own
+from .techniques import around_step, setup_all, walk
 
+
+@dataclass
+class RankRun:
+    """One process's run, as the techniques' setup and step hooks see it (techniques.py)."""
+    spec: RunSpec
+    rank: int                          # the process, in the mesh
+    pp: int                            # its coordinates: pipeline rank, replica, shard
+    replica: int
+    shard: int
+    stages: RankStages
+    board: object
+    report: dict = field(default_factory=dict)
+
+    @staticmethod
+    def group(members: tuple[int, ...]):
+        """The process group of `members` (made by every rank before the run)."""
+        return process_group(members)
 
 def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     """Run every training step of `spec` as `rank` (torch.distributed must be initialised).
@@ -47,7 +60,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     Returns a plain, picklable report; `notify(step, loss)` is called by the rank holding the
     last stage after each step (the parent's progress bar).
 
-    `rank` is the process's place in the mesh (parallel/mesh.py): pipeline rank `pp` of
+    `rank` is the process's place in the mesh (mesh.py): pipeline rank `pp` of
     data-parallel replica `dp`. The replica runs the schedule's actions of rank `pp` on its
     share of the batch, exchanges messages with its own replica's neighbours, and sums
     gradients with the other replicas in the schedule's `AR` actions.
@@ -64,27 +77,26 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     if mesh.dp > 1 or mesh.tp > 1:
         for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
             process_group(members)
-    tp = TensorParallel(mesh.tp, shard, process_group(mesh.tp_group(pp, replica)), spec.link) \
-        if mesh.tp > 1 else None
-    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), tp)
+    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp))
+    walk.clear()                       # from here: the technique hooks this run enters
+    run = RankRun(spec, rank, pp, replica, shard, stages, board)
+    setup_all(spec.techniques, run)    # the run's techniques adapt what the rank holds
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
-    if spec.expert_parallel > 1:                 # this replica keeps its share of the experts
-        from ..techniques.expert import place_experts
-        place_experts(stages.modules.values(), process_group(mesh.dp_group(pp)), replica,
-                      spec.expert_parallel, lambda detail: board.mark(rank, detail), spec.link)
     params = stages.parameters()
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
     # bidirectional schedule).
     holds_loss = sched.rank_of(sched.loss_stages()[0]) == pp and replica == 0 and shard == 0
     generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
-    report = {"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
-              "steps": [], "grads": None,
-              "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
-              # what each stage's gradient all-reduce (AR, G) moves: experts stay unsummed
-              "reduced_bytes": {s: sum(p.numel() * p.element_size() for p in module.parameters()
-                                       if not getattr(p, "expert_shard", False))
-                                for s, module in stages.modules.items()}}
+    report = run.report                # the step hooks add to it
+    report.update({"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
+                   "steps": [], "grads": None,
+                   "parameter_bytes": sum(p.numel() * p.element_size() for p in params),
+                   # what each stage's gradient all-reduce (AR, G) moves: a replica's own
+                   # parameters (its experts) stay unsummed
+                   "reduced_bytes": {s: sum(p.numel() * p.element_size()
+                                            for p in module.parameters() if not replica_own(p))
+                                     for s, module in stages.modules.items()}})
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
         inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator,
@@ -96,27 +108,18 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp, shard)) if mesh.dp > 1 else None
         state.link = spec.link             # an emulated link the reductions wait out (or None)
-        state.versions = weight_versions(spec, stages, meter)
-        if spec.recompute:
-            state.recompute = recompute.Recomputer(
-                {s: spec.recompute[s] for s in sched.stages_of(pp)}, meter)
-        board.set(rank, k, 0, SYNC)
-        dist.barrier()                 # every rank starts the step together: one time origin
-        # Every forward this step (F, and a recomputation's) holds 1/(m · replicas) of the batch
-        # loss: MoE layers scale their aux loss's gradient alike.
-        with recording(spec.cfg.moe) as records, loss_share(1.0 / (state.m * state.replicas)):
-            report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
-        if records:
-            from ..techniques.expert import step_records
-            step = report["steps"][-1]
-            step["events"], step["routing"], step["link_waits"] = step_records(records,
-                                                                                step["actions"])
-        if state.versions is not None:       # updates inside the schedule: what they made
-            report["versions"] = state.versions.report()
-        elif k == 0 and spec.check and replica == 0:  # the replicas' summed gradients are equal
-            report["grads"] = stages.gradients()
-        elif k == 0 and spec.check and spec.expert_parallel > 1:   # and its own experts'
-            report["grads"] = stages.gradients(lambda p: getattr(p, "expert_shard", False))
+        # The techniques' step hooks set up before the barrier, so that no rank starts late.
+        with around_step(spec.techniques, run, state):
+            board.set(rank, k, 0, SYNC)
+            dist.barrier()             # every rank starts the step together: one time origin
+            # Every forward this step (F, and a recomputation's) holds 1/(m · replicas) of the
+            # batch loss: MoE layers scale their aux loss's gradient alike.
+            with loss_share(1.0 / (state.m * state.replicas)):
+                report["steps"].append(_run_step(spec, rank, k, plan, wiring, state, board))
+        if k == 0 and spec.check and spec.gradient_check:
+            # The replicas' summed gradients are equal: replica 0 reports them; each replica
+            # reports those of the parameters it alone holds (its experts).
+            report["grads"] = stages.gradients(None if replica == 0 else replica_own)
         if notify is not None and holds_loss:
             notify(k, sum(state.losses.values()) / state.m)
         # The last step's update is skipped: its weights are never used again (every run
@@ -125,18 +128,8 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
             board.set(rank, k, len(plan), OPTIM)
             optimizer.step()
     board.set(rank, spec.steps - 1, len(plan), DONE)
+    report["walk"] = list(walk)        # the technique hooks this run entered here
     return report
-
-
-@contextmanager
-def recording(on: bool):
-    """What the step's MoE layers record (moe.recording), or nothing for a dense model."""
-    if not on:
-        yield []
-        return
-    from ..model.moe import recording as moe_recording
-    with moe_recording() as records:
-        yield records
 
 
 def warm_up() -> None:
@@ -192,8 +185,8 @@ def _wiring(spec: RunSpec, plan) -> list:
         received = {(t.consumer, t.name) for t in step.recv}
         parts = []
         own = set(step.action.parts)
-        # Braided only where there is asynchronous work to hide: tensor-parallel all-reduces.
-        braided = len(own) > 1 and spec.tensor_parallel > 1
+        # Braided only where a technique has asynchronous work to hide (spec.braided).
+        braided = len(own) > 1 and spec.braided
         for part in step.action.parts:
             sources = []
             for name, producer, carries in sched.inputs(part):
@@ -221,9 +214,9 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
     if spec.inject_replica is not None and spec.mesh.coords(rank)[1] != spec.inject_replica:
         stall = fail = drop = lag = None
     reductions = state.in_flight
-    tp_log = state.stages.tp.log        # the tensor-parallel all-reduces, timed as they run
-    tp_log.clear()
-    tp_events = []
+    log = state.stages.log              # spans a technique times inside an action, as they run
+    log.clear()
+    inside = []
     clock, cpu_clock = time.perf_counter, time.thread_time
     actions, recvs, sends, pending, peaks = [], [], [], [], []
     meter = state.meter
@@ -245,7 +238,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
         posted = _post(plan[i + 1], wiring[i + 1], link) if i + 1 < len(plan) else []
         board.set(rank, k, i, RUN)
         meter.reset_peak()             # this action's own peak, whatever it frees by its end
-        # A braided step runs its backward on a thread of its own (parallel/braid.py), which
+        # A braided step runs its backward on a thread of its own (techniques/tensor_braid.py), which
         # the thread's clock would not see: its CPU time is the process's (gloo's threads too).
         cpu_of = time.process_time if wiring[i][2] else cpu_clock
         cpu0, start = cpu_of(), clock()
@@ -253,7 +246,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             _stall(item)
         if item == fail:
             raise RuntimeError(f"injected failure in {item} (the _inject test hook)")
-        for part, out in _run_parts(state, wiring[i], arrived, tp_log, tp_events):
+        for part, out in _run_parts(state, wiring[i], arrived, log, inside):
             # The compute ends here, before any send is posted: a posted send can reach a
             # waiting receiver at once, and a clock read after posting could fall after the
             # receiver's start (a preempted sender), putting a consumer "before" its producer.
@@ -281,44 +274,45 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
     p2p.wait_all(pending)
     state.meter.sends_done()
     for red in reductions:            # the gradients must be summed before the optimizer
-        board.set(rank, k, actions[red.entry][0], RUN, 1)     # detail 1: waiting in it
+        board.set(rank, k, actions[red.entry][0], RUN, IN_REDUCTION)
         red.finish()
         _finished(red, actions, clock)
     reductions.clear()
     return {"begin": begin, "actions": actions, "recvs": recvs, "sends": sends,
             "memory": memory,
             "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
-            "action_peaks": peaks, "tp": tp_events,
+            "action_peaks": peaks, "inside": inside,
             "send_peak": state.meter.sending_peak}
 
 
-def _run_parts(state: StepState, wires, arrived: dict, tp_log: list, tp_events: list):
+def _run_parts(state: StepState, wires, arrived: dict, log: list, inside: list):
     """Run a step's parts, yielding (part, output) as each finishes: one after the other, or,
     for a braided step, side by side — each part's braided handler (a generator) is resumed in
-    turn, so one part computes while another's asynchronous all-reduce is in flight. The
-    tensor-parallel all-reduces each part timed are added to `tp_events`."""
+    turn, so one part computes while another's asynchronous all-reduce is in flight. The spans
+    each part's code timed into `log` (a tensor-parallel all-reduce) go to `inside`, as
+    (part, start, end, what)."""
     _shapes, parts, braided = wires
     runners = []
     for part, run, sources, braid in parts:
         inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
                   for name, (where, key) in sources}
         if not braided:
-            logged = len(tp_log)
+            logged = len(log)
             out = run(state, part, inputs)
-            tp_events += [(part, *entry) for entry in tp_log[logged:]]
+            inside += [(part, *entry) for entry in log[logged:]]
             yield part, out
             continue
         runners.append((part, (braid or _whole(run))(state, part, inputs)))
     while runners:
         for entry in list(runners):
             part, gen = entry
-            logged = len(tp_log)
+            logged = len(log)
             try:
                 next(gen)
                 finished, out = False, None
             except StopIteration as stop:
                 finished, out = True, stop.value
-            tp_events += [(part, *logged_ar) for logged_ar in tp_log[logged:]]
+            inside += [(part, *entry) for entry in log[logged:]]
             if finished:
                 runners.remove(entry)
                 yield part, out

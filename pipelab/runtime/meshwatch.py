@@ -17,9 +17,8 @@ from __future__ import annotations
 import re
 from dataclasses import replace
 
-from ..techniques.data_parallel import REDUCE
-from ..techniques.expert import IN_ALL_TO_ALL
-from .board import DONE, RECV, RUN, RankState
+from .board import DONE, IN_ALL_TO_ALL, IN_REDUCTION, RUN, RankState
+from .collectives import ALL_REDUCE
 from .errors import PipelineTimeout
 from .watchdog import describe, diagnose, never_started, progress, ready_since, setting_up
 
@@ -27,8 +26,8 @@ from .watchdog import describe, diagnose, never_started, progress, ready_since, 
 def _in_reduction(state: RankState, plan) -> bool:
     """Waiting inside a gradient all-reduce (launched, not complete): detail 1 at an AR step."""
     steps = plan[state.pp]
-    return state.state == RUN and state.detail == 1 and state.position < len(steps) and \
-        steps[state.position].action.parts[0].kind == REDUCE
+    return state.state == RUN and state.detail == IN_REDUCTION and state.position < len(steps) and \
+        steps[state.position].action.parts[0].kind == ALL_REDUCE
 
 
 def _in_all_to_all(state: RankState) -> bool:
@@ -39,7 +38,7 @@ def _reached(other: RankState, index: int) -> bool:
     """Has this replica launched the all-reduce at plan index `index`?"""
     if other.state == DONE:
         return True
-    return other.position > index or (other.position == index and other.detail == 1)
+    return other.position > index or (other.position == index and other.detail == IN_REDUCTION)
 
 
 def _named(text: str, mesh, dp: int, tp: int) -> str:

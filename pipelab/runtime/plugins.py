@@ -14,29 +14,33 @@ import importlib.util
 
 from ..schedules.graph import members_of
 from ..schedules.kinds import KIND_SPECS
+from .techniques import TECHNIQUES
 
 
-def plugins_for(schedule) -> tuple[str, ...]:
-    """Modules the workers must import for this schedule; ValueError for ones they cannot."""
+def plugins_for(schedule, techniques=()) -> tuple[str, ...]:
+    """Modules the workers must import for this schedule and these registered techniques (by
+    name); ValueError for ones they cannot."""
     from .handlers import HANDLERS
     kinds = sorted(schedule.kinds())
     missing = [k for k in kinds if k not in HANDLERS]
     if missing:
         raise ValueError(f"schedule: the runtime has no handler for action kind(s) {missing}; "
                          f"register one with pipelab.runtime.register_handler")
+    wanted = [(f"the kind for action kind {kind!r}", KIND_SPECS[kind].module) for kind in kinds]
+    wanted += [(f"the handler for action kind {kind!r}", HANDLERS[kind].module) for kind in kinds]
+    wanted += [(f"technique {name!r}", TECHNIQUES[name].module) for name in techniques]
     modules = []
-    for kind in kinds:
-        for what, module in (("kind", KIND_SPECS[kind].module), ("handler", HANDLERS[kind].module)):
-            if module == "pipelab" or module.startswith("pipelab."):
-                continue
-            if module == "__main__" or importlib.util.find_spec(module) is None:
-                raise ValueError(
-                    f"schedule: the {what} for action kind {kind!r} is defined in {module!r}, "
-                    f"which the worker processes cannot import (each is a fresh Python process). "
-                    f"Put register_kind/register_handler in a module file (e.g. my_kinds.py "
-                    f"next to the notebook), import it, and run again")
-            if module not in modules:
-                modules.append(module)
+    for what, module in wanted:
+        if module is None or module == "pipelab" or module.startswith("pipelab."):
+            continue
+        if module == "__main__" or importlib.util.find_spec(module) is None:
+            raise ValueError(
+                f"schedule: {what} is defined in {module!r}, which the worker processes cannot "
+                f"import (each is a fresh Python process). Put register_kind/register_handler/"
+                f"register_technique in a module file (e.g. my_kinds.py next to the notebook), "
+                f"import it, and run again")
+        if module not in modules:
+            modules.append(module)
     return tuple(modules)
 
 

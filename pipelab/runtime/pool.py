@@ -14,12 +14,11 @@ import time
 from multiprocessing.connection import wait
 
 from . import rendezvous
-from .board import Board
+from .board import POLL, Board
 from .errors import WorkerError
 from .startup import check_can_spawn, startup_death
 from .worker import worker_main
 
-POLL = 0.1   # seconds between checks of the progress board while waiting
 
 
 def usable_cores() -> list[int]:

@@ -8,14 +8,14 @@ import torch
 
 from ..model.data import get_batch
 from ..model.gpt import ToyGPT
-from ..techniques.data_parallel import REDUCE
-from ..techniques.tensor import TP_REDUCE, unshard
 from ..schedules.kinds import KIND_SPECS
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.timeline import Event, Timeline
 from ..schedules.actions import Action
+from .collectives import ALL_REDUCE
 from .spec import RunSpec
+from .techniques import assemble_all, priced_kinds, walk
 
 
 @dataclass
@@ -50,7 +50,7 @@ class RunResult:
     # pipeline rank's row) in `process_timelines[(pp, dp)]` — the last step of each.
     replica_timelines: list[Timeline] = field(default_factory=list)
     process_timelines: dict[tuple[int, int], Timeline] = field(default_factory=dict)
-    # A schedule with optimizer updates (U): weight versions and their check (versions.py).
+    # A schedule with optimizer updates (U): weight versions and their check (techniques/async_versions.py).
     versions: object | None = None
     # Per pipeline rank, each action of the last step with the peak of live activation bytes
     # while it ran (what it materialised included, even if it freed it by its end).
@@ -66,6 +66,9 @@ class RunResult:
     # The machine's 1-minute load average when the run was sent and when it came back: a
     # measured (wall-clock) figure means little without it on a shared machine.
     load: tuple[float, float] | None = None
+    # The technique hooks the run entered (runtime/techniques.py), as (phase, technique): under
+    # -1 the parent's (prepare, assemble), under each process rank its own (setup, step).
+    walk: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
 
     @property
     def load_line(self) -> str:
@@ -103,11 +106,11 @@ class RunResult:
         from dataclasses import replace
         fitted = Costs.fit(self.timeline, self.schedule.stages, self.comm_latency)
         # the measured all-reduce is dropped from the fit: the ring formula costs it instead
-        costs = replace(fitted, kinds={k: v for k, v in fitted.kinds.items() if k != REDUCE},
+        costs = replace(fitted, kinds={k: v for k, v in fitted.kinds.items() if k != ALL_REDUCE},
                         bandwidth=bandwidth, latency=latency,
                         parameter_bytes=self.stage_parameter_bytes(), replicas=self.data_parallel)
         tl = simulate(self.schedule, costs, source="simulated",
-                      i_frees=0.0 if self.i_frees is None else self.i_frees)
+                                 i_frees=0.0 if self.i_frees is None else self.i_frees)
         tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
         return tl
 
@@ -230,11 +233,8 @@ def _measured(spec: RunSpec, reports: list[dict], k: int, t0: float | None = Non
         step = rep["steps"][k]
         events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
                    for _i, a, _w, start, end, cpu, _mem in step["actions"]]
-        # Tensor-parallel all-reduces, on the communication lane: one event each.
-        events += [Event(rep["rank"], Action(part.stage, TP_REDUCE, part.microbatch),
-                         start - t0, end - t0, end - start)
-                   for part, start, end, _what in step.get("tp", ())]
-        # spans recorded inside actions (an expert all-to-all), on the communication lane
+        # spans recorded inside actions (an expert all-to-all, a tensor-parallel all-reduce),
+        # on the communication lane
         events += [Event(rep["rank"], a, start - t0, end - t0, cpu)
                    for a, start, end, cpu in step.get("events", ())]
         memory[rep["rank"]] = [(t - t0, level) for t, level in step["memory"]]
@@ -327,7 +327,8 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     from ..model.memory import _blocks
     from ..schedules.reductions import REPLICA_SUM
     link, mesh = spec.link, spec.mesh
-    priced = (REDUCE, REPLICA_SUM, TP_REDUCE)          # the formula prices these
+    # the formulas price these: the gradient sums, and what the techniques say they price
+    priced = {ALL_REDUCE, REPLICA_SUM} | priced_kinds(spec.techniques)
     message = 4 * spec.rows_per_microbatch * spec.cfg.seq_len * spec.cfg.d_model   # float32
     reduced: dict[int, int] = {}
     inside: dict[tuple[str, int], list[float]] = {}     # (kind, stage) -> all-to-all seconds
@@ -382,6 +383,29 @@ def _replicated_layers(spec: RunSpec) -> set[int]:
             for layer in range(*spec.bounds[stages[0]])}
 
 
+@dataclass
+class Assembly:
+    """The run's reports as the techniques' assemble hooks see them (techniques.py)."""
+    spec: RunSpec
+    reports: list[dict]                 # replica 0's processes, as pipeline ranks 0..pp-1
+    replicas: list[list[dict]]          # the same per replica
+    every: list[dict]                   # every process's report, by process rank
+    result: RunResult
+    t0: float                           # the last step's time origin
+    last: int                           # the last step's index
+    merge: object = None                # shards' gradient dicts -> the whole rank's
+
+    def __post_init__(self) -> None:
+        if self.merge is None:
+            self.merge = _one_shard
+
+
+def _one_shard(shards: list[dict]) -> dict:
+    if len(shards) != 1:
+        raise RuntimeError("several shards per pipeline rank, but no technique merges them")
+    return shards[0]
+
+
 def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunResult:
     """Build the RunResult from every rank's report (sorted by rank)."""
     reports = sorted(reports, key=lambda rep: rep["rank"])
@@ -421,9 +445,9 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
         fitted = _on_link(spec, fitted, reports)
         replayed = replace(fitted, per_action=cpu)
     replay = simulate(sched, replayed, source="replayed",
-                      i_frees=0.0 if i_frees is None else i_frees)
+                                 i_frees=0.0 if i_frees is None else i_frees)
     modelled = simulate(sched, fitted, source="simulated",
-                        i_frees=0.0 if i_frees is None else i_frees)
+                                   i_frees=0.0 if i_frees is None else i_frees)
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}
     result = RunResult(spec, timelines[-1], replay, modelled,
@@ -439,26 +463,20 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                            for rep in reports},
                        rank_parameter_bytes={rep["rank"]: rep.get("parameter_bytes", 0)
                                              for rep in reports},
-                       tp_all_reduces={rep["rank"]: [(part, s - t0, e - t0, what) for part, s, e, what
-                                                     in rep["steps"][last].get("tp", ())]
-                                       for rep in reports},
                        load=next((rep["load"] for rep in every if "load" in rep), None))
-    if any("versions" in rep for rep in reports):
-        from ..techniques.async_versions import assemble_versions
-        result.versions = assemble_versions(spec, reports, result)
-    if spec.cfg.moe:
-        from ..techniques.expert_routing import routing_of
-        result.routing = [routing_of([rep["steps"][k] for replica in replicas for rep in replica],
-                                     sched.microbatches) for k in range(last + 1)]
-    if result.versions is None and spec.check:
+    assembly = Assembly(spec, reports, replicas, every, result, t0, last)
+    assemble_all(spec.techniques, assembly)
+    result.walk = {-1: list(walk), **{rep["rank"]: rep.get("walk", []) for rep in every}}
+    if spec.check and spec.gradient_check:
         # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
         # weight replica's part are each checked (after their sum, each must hold the whole
-        # batch's gradient). A pipeline rank's tensor-parallel shards are put together first;
-        # with expert parallelism every replica reports its own experts.
+        # batch's gradient). A pipeline rank's shards (tensor parallelism) are put together by
+        # the technique's merge; with expert parallelism every replica reports its own experts.
         replicated = _replicated_layers(spec)
         grads: dict = {}
         for p, d in ((p, d) for p in range(mesh.pp) for d in range(mesh.dp)):
-            mine = unshard([every[mesh.rank(p, d, t)]["grads"] or {} for t in range(mesh.tp)])
+            mine = assembly.merge([every[mesh.rank(p, d, t)]["grads"] or {}
+                                   for t in range(mesh.tp)])
             for name, g in mine.items():
                 if int(name.split(".")[1]) in replicated:
                     grads.setdefault(name, []).append(g)

@@ -15,7 +15,9 @@ from ..model.gpt import ModelConfig
 from ..sim.partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
 from ..schedules.kinds import KIND_SPECS
+from .mesh import Mesh
 from .plugins import plugins_for
+from .techniques import prepare_all
 
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
 INJECTIONS = ("stall", "raise", "drop", "lag")
@@ -38,13 +40,17 @@ class RunSpec:
     data_parallel: int = 1               # replicas of the pipeline (each takes 1/dp of the batch)
     inject_replica: int | None = None    # test hook: inject only into this replica
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
-    tensor_parallel: int = 1             # shards of each pipeline rank (parallel/tensor.py)
+    tensor_parallel: int = 1             # shards of each pipeline rank (techniques/tensor.py)
     expert_parallel: int = 1             # the dp group divides each MoE layer's experts
     link: Link | None = None             # an emulated link every transfer waits out (link.py)
+    techniques: tuple[str, ...] = ()     # the registered techniques this run uses (techniques.py)
+    gradient_check: bool = True          # False: a technique checks the run its own way
+    #                                      (weight versions), not against the unsplit gradients
+    braided: bool = False                # a compound step's parts run side by side, where a
+    #                                      technique has asynchronous work to hide (executor.py)
 
     @property
-    def mesh(self):
-        from ..techniques.mesh import Mesh
+    def mesh(self) -> Mesh:
         return Mesh(pp=self.schedule.ranks, dp=self.data_parallel, tp=self.tensor_parallel)
 
     @property
@@ -75,8 +81,53 @@ def check_timeout(value) -> float:
     return timeout
 
 
-def _bounds(cfg: ModelConfig, stages: int, partition,
-            sharded: bool = False) -> tuple[list[tuple[int, int]], str]:
+@dataclass
+class Draft:
+    """A run being prepared, as the techniques' prepare hooks see it (runtime/techniques.py):
+    they check their keywords in `options` and may rewrite the schedule, the data-parallel
+    degree, the per-stage recompute policies, or ask for the model to be split as if untied."""
+    schedule: Schedule
+    cfg: ModelConfig
+    ranks: int
+    options: dict                        # the technique keywords of cluster.run, as given
+    data_parallel: int = 1
+    tensor_parallel: int = 1
+    expert_parallel: int = 1
+    steps: int = 1
+    partition: object = None
+    batch_size: object = None
+    check: object = True
+    recompute: tuple = ()                # one policy per stage, set by the recompute technique
+    split_untied: bool = False           # each rank holds both tied tables (vocabulary shards)
+    partition_name: str = "uniform"
+    gradient_check: bool = True
+    braided: bool = False
+    checks: list = field(default_factory=list)   # run after every prepare hook (see `later`)
+    _bounds: list | None = None
+
+    def later(self, check) -> None:
+        """Run `check(draft)` once every technique has prepared: for a rule that reads what
+        another technique decided."""
+        self.checks.append(check)
+
+    def bounds(self) -> list[tuple[int, int]]:
+        """[start, stop) of each stage (weight replicas share theirs), split once: the footprint
+        is checked first, so a model this machine cannot hold is refused before its split."""
+        if self._bounds is None:
+            cfg, schedule = self.cfg, self.schedule
+            if cfg.tie_embeddings and schedule.stages > 1 and not self.split_untied:
+                raise ValueError("model.tie_embeddings is not supported across pipeline stages: "
+                                 "the embedding and the head share a weight but would live on "
+                                 "different stages; use tie_embeddings=False")
+            _check_fits(self)
+            parts, self.partition_name = _split(cfg, schedule.model_slices, self.partition,
+                                                self.split_untied)
+            self._bounds = [parts[schedule.slice_of(s)] for s in range(schedule.stages)]
+        return self._bounds
+
+
+def _split(cfg: ModelConfig, stages: int, partition,
+           sharded: bool = False) -> tuple[list[tuple[int, int]], str]:
     try:
         if partition is None or isinstance(partition, str):
             method = partition or "uniform"
@@ -100,19 +151,20 @@ def _bounds(cfg: ModelConfig, stages: int, partition,
     return [tuple(b) for b in parts.bounds], method
 
 
-def _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recompute) -> None:
+def _check_fits(draft: Draft) -> None:
     """Refuse a run that cannot fit in this machine's memory (footprint.py), before the split
     (which lists every layer) or any worker; the arguments checked later are taken as given
     when they are valid, else at their defaults."""
     from ..model.footprint import check_run
-    m = schedule.microbatches
+    m, dp = draft.schedule.microbatches, draft.data_parallel
 
     def valid(value) -> bool:
         return isinstance(value, int) and not isinstance(value, bool) and value > 0
-    check_run(cfg, processes=ranks, replicas=dp, microbatches=m,
-              batch_size=batch_size if valid(batch_size) else 2 * m * dp,
-              steps=steps if valid(steps) else 1, check=check is not False,
-              recompute=recompute not in (None, "none"), expert=ep)
+    check_run(draft.cfg, processes=draft.ranks, replicas=dp, microbatches=m,
+              batch_size=draft.batch_size if valid(draft.batch_size) else 2 * m * dp,
+              steps=draft.steps if valid(draft.steps) else 1, check=draft.check is not False,
+              recompute=draft.options.get("recompute") not in (None, "none"),
+              expert=draft.expert_parallel)
 
 
 def _injections(schedule: Schedule, inject,
@@ -141,12 +193,12 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
-    replicas × `tensor_parallel` shards. With data_parallel > 1 each stage's gradient
-    all-reduce is inserted into the schedule (`with_data_parallel`) unless it already has them.
-    `expert_parallel` divides the experts over the data-parallel group (data_parallel becomes
-    expert_parallel). `link` (a pl.Link) makes every message and collective wait as on it."""
-    from ..techniques.data_parallel import has_reductions, with_data_parallel
-    from ..techniques.expert import check_expert_parallel
+    replicas × `tensor_parallel` shards. The checks of the run itself are here; each registered
+    technique (data, tensor, expert and vocabulary parallelism, recomputation, updates inside
+    the schedule) checks its own keywords and adapts the run in its prepare hook
+    (runtime/techniques.py): with data_parallel > 1 the gradient all-reduces are inserted,
+    `expert_parallel` divides the experts over the data-parallel group, `recompute` adds R
+    actions. `link` (a pl.Link) makes every message and collective wait as on it."""
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
@@ -154,31 +206,6 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     dp = positive_int("data_parallel", data_parallel)
     tp = positive_int("tensor_parallel", tensor_parallel)
     ep = positive_int("expert_parallel", expert_parallel)
-    if ep > 1 and isinstance(model, (ModelConfig, type(None))):   # else refused below
-        dp = check_expert_parallel(model or ModelConfig(), ep, dp)
-    schedule.validate()
-    if tp > 1 and schedule.ranks * dp * tp != ranks:
-        raise ValueError(
-            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas × {tp} "
-            f"tensor-parallel shards = {schedule.ranks * dp * tp} processes, but the cluster has "
-            f"{ranks}: use LocalCluster(ranks={schedule.ranks * dp * tp})")
-    if dp > 1:
-        if any(KIND_SPECS[kind].collective for kind in schedule.kinds()):
-            raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
-                             "(members=...) is not supported yet: run it with data_parallel=1")
-        if schedule.ranks * dp * tp != ranks:
-            raise ValueError(
-                f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas = "
-                f"{schedule.ranks * dp} processes, but the cluster has {ranks}: use "
-                f"LocalCluster(ranks={schedule.ranks * dp}), or a schedule with ranks="
-                f"{ranks // dp if ranks % dp == 0 else '?'}")
-        if not has_reductions(schedule):
-            schedule = with_data_parallel(schedule, dp)
-            schedule.validate()
-    elif tp == 1 and schedule.ranks != ranks:
-        raise ValueError(f"schedule has {schedule.ranks} ranks but the cluster has {ranks}: "
-                         f"build the schedule with ranks={ranks} or use LocalCluster(ranks="
-                         f"{schedule.ranks})")
     cfg = ModelConfig() if model is None else model
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"model must be a pl.ModelConfig (each rank builds its own layers "
@@ -186,28 +213,21 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     if cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
-    from ..schedules.vocab import VOCAB_KINDS     # sharded vocabulary: each rank holds both
-    sharded = bool(schedule.kinds() & VOCAB_KINDS)
-    if cfg.tie_embeddings and schedule.stages > 1 and not sharded:
-        raise ValueError("model.tie_embeddings is not supported across pipeline stages: the "
-                         "embedding and the head share a weight but would live on different "
-                         "stages; use tie_embeddings=False")
-    if tp > 1:
-        from ..techniques.tensor import check_divisible
-        check_divisible(cfg.n_heads, cfg.ffn_width, tp)
-    _check_fits(cfg, schedule, ranks, dp, ep, batch_size, steps, check, recompute)
-    bounds, method = _bounds(cfg, schedule.model_slices, partition, sharded)
-    # One entry per stage: weight replicas (routes.py) compute the same layers.
-    bounds = [bounds[schedule.slice_of(s)] for s in range(schedule.stages)]
-    from ..techniques.recompute import prepare as prepare_recompute
-    schedule, policies = prepare_recompute(schedule, recompute, cfg, bounds)
-    if tp > 1 and (policies or sharded or "U" in schedule.kinds() or cfg.moe):
-        raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
-                         "a sharded vocabulary, optimizer updates (U) inside the schedule or a "
-                         "mixture-of-experts model (n_experts): run one or the other")
+    schedule.validate()
+    draft = Draft(schedule, cfg, ranks, {"recompute": recompute}, dp, tp, ep, steps, partition,
+                  batch_size, check)
+    used = prepare_all(draft)
+    for later in draft.checks:
+        later(draft)
+    schedule, dp = draft.schedule, draft.data_parallel
+    if schedule.ranks * dp * tp != ranks:
+        raise ValueError(f"schedule has {schedule.ranks} ranks but the cluster has {ranks}: "
+                         f"build the schedule with ranks={ranks} or use LocalCluster(ranks="
+                         f"{schedule.ranks})")
+    bounds = draft.bounds()
     if link is not None:
         _check_link_kinds(schedule)
-    plugins = plugins_for(schedule)
+    plugins = plugins_for(schedule, used)
     m = schedule.microbatches
     batch_size = 2 * m * dp if batch_size is None else positive_int("batch_size", batch_size)
     if batch_size % (m * dp):
@@ -221,11 +241,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     boolean("check", check)
     positive_int("steps", steps)
     positive_number("lr", lr)
-    from ..techniques.async_versions import check_versioned_run
-    check_versioned_run(schedule, steps)
     injections, replica = _injections(schedule, inject, dp)
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
-                   method, injections, plugins, dp, replica, policies, tp, ep, link)
+                   draft.partition_name, injections, plugins, dp, replica, draft.recompute, tp,
+                   ep, link, used, draft.gradient_check, draft.braided)
 
 
 def _check_link_kinds(schedule: Schedule) -> None:

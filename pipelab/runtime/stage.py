@@ -16,18 +16,36 @@ from ..schedules import Action
 from ..model.weight_grad import WeightGradStore
 
 
+def mark_replica_own(p: nn.Parameter) -> None:
+    """Mark `p` as this data-parallel replica's own (its share of the experts), not a copy of
+    a parameter every replica holds: its gradient is already the whole batch's, so it is not
+    summed over the replicas (collectives.py), and each replica reports its own."""
+    p.replica_own = True
+
+
+def replica_own(p: nn.Parameter) -> bool:
+    return getattr(p, "replica_own", False)
+
+
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
     def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
                  tp=None):
-        from ..techniques.tensor import TensorParallel, shard_layers
         self.bounds = bounds
-        self.tp = tp or TensorParallel()      # this process's tensor-parallel shard (or whole)
-        self.modules = {s: shard_layers(build_layers(cfg, *bounds[s]), self.tp) for s in stages}
+        self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        if tp is not None:         # a tensor-parallel shard: splits the blocks (in a run, the
+            self.shard(tp)         # tensor technique's setup does this)
+        # Spans a technique's code times while an action runs, (start, end, what): the executor
+        # hands each to the part that was running (a tensor-parallel all-reduce).
+        self.log: list[tuple[float, float, str]] = []
         # Row slices of the unsplit model's parameters this rank holds besides its stages
         # (vocabulary parallelism): name in ToyGPT -> (the slice, its first row, full shape).
         self.shards: dict[str, tuple[nn.Parameter, int, tuple[int, ...]]] = {}
+
+    def shard(self, tp) -> None:
+        """Replace each stage's layers by `tp`'s shard of them (`tp.shard(layers)`)."""
+        self.modules = {s: tp.shard(module) for s, module in self.modules.items()}
 
     def parameters(self) -> list[nn.Parameter]:
         params = [p for module in self.modules.values() for p in module.parameters()]
@@ -97,7 +115,7 @@ class StepState:
         self.replicas = 1
         self.dp_group = None
         self.in_flight: list = []
-        # Weight versions (runtime/versions.py) when the schedule updates inside itself.
+        # Weight versions (techniques/async_versions.py) when the schedule updates inside itself.
         self.versions = None
         # Activation recomputation (recompute.py): a Recomputer when a policy drops activations.
         self.recompute = None

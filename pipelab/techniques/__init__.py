@@ -1,10 +1,17 @@
-"""The neighbours of pipeline parallelism: a process mesh and data parallelism (later: tensor,
-expert and vocabulary parallelism)."""
-from .mesh import Mesh
+"""The neighbours of pipeline parallelism, each plugged into the runtime in one place (its
+kinds, handlers, checks and runtime hooks: runtime/techniques.py). Importing this package
+registers them all, in the order their prepare hooks run: experts first (they set the
+data-parallel degree), then data, tensor and vocabulary parallelism, recomputation, and
+weight updates inside the schedule."""
+from ..runtime.mesh import Mesh
+from . import expert      # noqa: F401  (the all-to-all kinds Ed and Ec; experts' hooks)
 from .data_parallel import allreduce_time, reduction_of, with_data_parallel
 from .tensor import (ColumnParallelLinear, RowParallelLinear, TensorParallel, TensorParallelBlock,
                      unshard)
-from . import expert      # noqa: F401  (registers the all-to-all kinds Ed and Ec)
+from . import tensor_braid    # noqa: F401  (the braided F, B, I and W)
+from . import vocab_passes    # noqa: F401  (the vocabulary passes' handlers and hook)
+from . import recompute       # noqa: F401  (the R kind, its handler and hooks)
+from . import async_versions  # noqa: F401  (the U and V handlers and the versions' hooks)
 
 __all__ = ["Mesh", "allreduce_time", "reduction_of", "with_data_parallel",
            "ColumnParallelLinear", "RowParallelLinear", "TensorParallel", "TensorParallelBlock",

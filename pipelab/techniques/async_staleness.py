@@ -34,6 +34,13 @@ class Emulation:
     losses: dict[int, float] = field(default_factory=dict)
 
 
+def sgd_step(weight: torch.Tensor, grad: torch.Tensor, lr: float,
+             out: torch.Tensor | None = None) -> torch.Tensor:
+    """W − lr·g, the one update rule of asynchronous runs: the runtime's updates
+    (async_versions.py) and this emulation both apply it."""
+    return torch.add(weight, grad, alpha=-lr, out=out)
+
+
 def _stage_of(name: str, bounds) -> int:
     layer = int(name.split(".")[1])
     return next(s for s, (a, b) in enumerate(bounds) if a <= layer < b)
@@ -46,7 +53,6 @@ def emulate(spec, live: dict[str, dict] | None = None) -> Emulation:
     reads is the one the run made (a check of stashing, update by update); else every version
     is the emulation's own, from the initial weights (a check of the whole run)."""
     sched, cfg, lr = spec.schedule, spec.cfg, spec.lr
-    from .async_versions import sgd_step     # the runtime's rule, not a copy of it
     plan = version_plan(sched)
     model = ToyGPT(cfg)
     stage_of = {name: _stage_of(name, spec.bounds) for name, _p in model.named_parameters()}

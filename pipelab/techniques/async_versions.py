@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -27,12 +28,8 @@ from ..schedules import Action
 from ..schedules.updates import SELECT, UPDATE, check_updates, covered, has_updates, version_plan
 from ..runtime.handlers import register_handler
 from ..runtime.stage import layer_names
-
-
-def sgd_step(weight: torch.Tensor, grad: torch.Tensor, lr: float,
-             out: torch.Tensor | None = None) -> torch.Tensor:
-    """W − lr·g, the one update rule of asynchronous runs (shared with the emulation)."""
-    return torch.add(weight, grad, alpha=-lr, out=out)
+from ..runtime.techniques import Technique, register_technique
+from .async_staleness import check_run, sgd_step
 
 
 def _bytes(module) -> int:
@@ -170,7 +167,6 @@ def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
                         for rep in reports},
         most_versions={s: n for rep in reports for s, n in rep["versions"]["most"].items()})
     if spec.check:
-        from .async_staleness import check_run
         updates = {u: rec for rep in reports for u, rec in rep["versions"]["updates"].items()}
         losses = {mb: loss for rep in reports for mb, loss in rep["steps"][0]["losses"].items()}
         out.check = check_run(spec, updates, losses)
@@ -183,3 +179,30 @@ def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
         result.max_grad_error = out.check.grad_error
         result.grad_errors = out.check.grad_errors
     return out
+
+
+# --- in the runtime (runtime/techniques.py) ----------------------------------------------------
+def prepare_run(draft) -> bool:
+    """A schedule with updates (U) runs once, as one stream; its check is the emulation's
+    (async_staleness.py), not the unsplit model's gradients."""
+    check_versioned_run(draft.schedule, draft.steps)
+    if not has_updates(draft.schedule):
+        return False
+    draft.gradient_check = False
+    return True
+
+
+@contextmanager
+def version_step(run, state):
+    """The rank's weight versions for the step; afterwards what the updates made."""
+    state.versions = weight_versions(run.spec, run.stages, state.meter)
+    yield
+    run.report["versions"] = state.versions.report()
+
+
+def assemble_run(assembly) -> None:
+    assembly.result.versions = assemble_versions(assembly.spec, assembly.reports, assembly.result)
+
+
+register_technique(Technique("versions", prepare=prepare_run, step=version_step,
+                             assemble=assemble_run))

@@ -12,9 +12,11 @@ rule, the ring all-reduce 2(n−1)·latency + 2(n−1)/n · bytes / bandwidth, r
 """
 from __future__ import annotations
 
+from ..runtime.collectives import ALL_REDUCE
+from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
-from ..schedules.kinds import REDUCTION, Input, register_kind
+from ..schedules.kinds import KIND_SPECS, REDUCTION, Input, register_kind
 from ..schedules.reductions import allreduce_time, gradient_inputs  # noqa: F401 - re-exported
 
 
@@ -28,7 +30,7 @@ def _reduce_cost(costs, stage: int) -> float:
     return allreduce_time(nbytes, costs.replicas or 1, costs.bandwidth, costs.latency)
 
 
-REDUCE = "AR"       # the kind's name: the runtime's watch and the cost fit look for it by this
+REDUCE = ALL_REDUCE     # "AR": the runtime's gradient all-reduce (collectives.py) runs it
 
 register_kind(REDUCE, "all-reduce of the stage's gradients over its data-parallel replicas",
               inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
@@ -79,3 +81,29 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
 def has_reductions(schedule) -> bool:
     return REDUCE in schedule.kinds()
 
+
+
+# --- in the runtime (runtime/techniques.py) ----------------------------------------------------
+def prepare_run(draft) -> bool:
+    """`cluster.run(..., data_parallel=dp)`: the mesh must hold dp replicas of the pipeline,
+    and each stage's gradient all-reduce is inserted unless the schedule has them. The replicas'
+    process groups and gradient sums are the runtime's (mesh.py, collectives.py)."""
+    dp, tp, schedule = draft.data_parallel, draft.tensor_parallel, draft.schedule
+    if dp == 1:
+        return False
+    if any(KIND_SPECS[kind].collective for kind in schedule.kinds()):
+        raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
+                         "(members=...) is not supported yet: run it with data_parallel=1")
+    if schedule.ranks * dp * tp != draft.ranks:
+        ranks = draft.ranks
+        raise ValueError(
+            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas = "
+            f"{schedule.ranks * dp} processes, but the cluster has {ranks}: use "
+            f"LocalCluster(ranks={schedule.ranks * dp}), or a schedule with ranks="
+            f"{ranks // dp if ranks % dp == 0 else '?'}")
+    if not has_reductions(schedule):
+        draft.schedule = with_data_parallel(schedule, dp).validate()
+    return True
+
+
+register_technique(Technique("data_parallel", prepare=prepare_run))

@@ -29,16 +29,20 @@ emulated link (runtime/link.py) each all-to-all completes no earlier than (n−1
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 
 import torch
 import torch.distributed as dist
 
 from ..model import moe
+from ..runtime.board import IN_ALL_TO_ALL
+from ..runtime.stage import mark_replica_own
+from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import Action
 from ..schedules.kinds import COMMUNICATION, register_kind
+from .expert_routing import routing_of
 
 DISPATCH, COMBINE = "Ed", "Ec"
-IN_ALL_TO_ALL = 2        # board detail of a RUN state: waiting in an expert all-to-all
 
 register_kind(DISPATCH, "expert dispatch: all-to-all of tokens to their experts' processes "
               "(recorded inside F and B, on the communication lane)", lane="comm",
@@ -114,7 +118,7 @@ class _AllToAll(torch.autograd.Function):
 
 def place_experts(modules, group, index: int, size: int, on_wait=None, link=None) -> None:
     """Keep only process `index`'s share of every MoE layer's experts in `modules` and route
-    through `group`; the kept experts' parameters are marked `expert_shard` (not all-reduced)."""
+    through `group`; the kept experts' parameters are the replica's own (not all-reduced)."""
     for module in modules:
         for layer in module.modules():
             if not isinstance(layer, moe.MoEMLP):
@@ -124,7 +128,7 @@ def place_experts(modules, group, index: int, size: int, on_wait=None, link=None
             for name in [n for n in layer.experts if int(n) not in mine]:
                 del layer.experts[name]
             for p in layer.experts.parameters():
-                p.expert_shard = True
+                mark_replica_own(p)
             layer.exchange = GroupExchange(group, index, size, local, on_wait, link)
 
 
@@ -170,3 +174,46 @@ def step_records(records: list, actions: list) -> tuple[list, list, dict]:
             _tag, _t, layer, routed, dropped = rec
             routing.append((part.microbatch, layer, routed, dropped))
     return events, routing, link
+
+
+# --- in the runtime (runtime/techniques.py) ----------------------------------------------------
+def prepare_run(draft) -> bool:
+    """`cluster.run(..., expert_parallel=ep)`: the data-parallel group becomes the expert group
+    (data_parallel = ep). Every mixture-of-experts run records its routing and all-to-alls."""
+    if draft.expert_parallel > 1:
+        draft.data_parallel = check_expert_parallel(draft.cfg, draft.expert_parallel,
+                                                    draft.data_parallel)
+    return bool(draft.cfg.moe)
+
+
+def setup_rank(run) -> None:
+    """With expert parallelism, this replica keeps its share of every MoE layer's experts."""
+    spec = run.spec
+    if spec.expert_parallel > 1:
+        place_experts(run.stages.modules.values(), run.group(spec.mesh.dp_group(run.pp)),
+                      run.replica, spec.expert_parallel,
+                      lambda detail: run.board.mark(run.rank, detail), spec.link)
+
+
+@contextmanager
+def record_step(run, state):
+    """Record the step's MoE layers; afterwards their all-to-alls become timeline events, and
+    their routing and link waits go into the step's report."""
+    with moe.recording() as records:
+        yield
+    if records:
+        step = run.report["steps"][-1]
+        events, step["routing"], step["link_waits"] = step_records(records, step["actions"])
+        step.setdefault("events", []).extend(events)
+
+
+def assemble_run(assembly) -> None:
+    """Per step, the tokens each expert was sent and dropped (expert_routing.py)."""
+    steps = len(assembly.reports[0]["steps"])
+    assembly.result.routing = [
+        routing_of([rep["steps"][k] for replica in assembly.replicas for rep in replica],
+                   assembly.spec.schedule.microbatches) for k in range(steps)]
+
+
+register_technique(Technique("experts", prepare=prepare_run, setup=setup_rank, step=record_step,
+                             assemble=assemble_run))

@@ -15,6 +15,7 @@ it is as good as FLOPs are at predicting where a stage's time goes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -45,7 +46,7 @@ class Routing:
 
 def routing_of(step_reports: list[dict], microbatches: int) -> Routing | None:
     """Sum the routing records of one step over the processes that made them (see
-    parallel/expert.step_records); None when the run had no MoE layer."""
+    expert.step_records); None when the run had no MoE layer."""
     records = [rec for rep in step_reports for rec in rep.get("routing", ())]
     if not records:
         return None

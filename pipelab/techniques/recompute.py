@@ -26,6 +26,7 @@ segment checkpointing, which `sequential_peak` measures on one process.
 from __future__ import annotations
 
 import weakref
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -34,6 +35,7 @@ from torch import nn
 from ..model.memory import POLICIES, check_policy, default_k
 from ..model.gpt import AttentionCore, Block, ModelConfig
 from ..runtime.handlers import register_handler
+from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import Action
 from ..schedules.base import Schedule
 from ..schedules.kinds import RECOMPUTE as RECOMPUTE_ROLE
@@ -330,3 +332,23 @@ def recompute_flops(cfg: ModelConfig, start: int, stop: int, rows: int, policy: 
     if policy == "selective":
         return len(blocks) * 4 * rows * cfg.seq_len ** 2 * cfg.d_model
     return sum(r["flops"] for r in blocks)
+
+
+# --- in the runtime (runtime/techniques.py) ----------------------------------------------------
+def prepare_run(draft) -> bool:
+    """`cluster.run(..., recompute=...)`: one policy per stage, and R actions where needed."""
+    draft.schedule, draft.recompute = prepare(draft.schedule, draft.options.get("recompute"),
+                                              draft.cfg, draft.bounds())
+    return bool(draft.recompute)
+
+
+@contextmanager
+def recompute_step(run, state):
+    """Every forward of the step keeps only what its stage's policy keeps (StepState.forward)."""
+    policies = run.spec.recompute
+    state.recompute = Recomputer({s: policies[s] for s in run.spec.schedule.stages_of(run.pp)},
+                                 state.meter)
+    yield
+
+
+register_technique(Technique("recompute", prepare=prepare_run, step=recompute_step))

@@ -32,7 +32,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..model.gpt import AttentionCore, Block
-from ..sim.tensor_overlap import TP_REDUCE  # noqa: F401  (the timelines' kind of its all-reduces)
+from ..runtime.techniques import Technique, register_technique
+from ..schedules.actions import Action
+from ..schedules.updates import UPDATE
+from ..sim.tensor_overlap import TP_REDUCE     # the timelines' kind of its all-reduces
 from ..model.weight_grad import Linear
 
 
@@ -43,6 +46,10 @@ class TensorParallel:
         self.size, self.rank, self.group, self.link = size, rank, group, link
         self.log: list[tuple[float, float, str]] = []    # (start, end, "forward"/"backward")
         self.handles: list = []      # all-reduces launched asynchronously, not yet waited for
+
+    def shard(self, layers: nn.Sequential) -> nn.Sequential:
+        """This process's shard of `layers` (shard_layers)."""
+        return shard_layers(layers, self)
 
     def all_reduce(self, tensor: torch.Tensor, what: str, async_op: bool = False):
         """Sum `tensor` in place over the group (timed); with async_op, return a handle whose
@@ -83,7 +90,7 @@ class _Pending:
             self.handle = None
 
 
-# Set on the thread of a braided backward (parallel/braid.py): a function that hands the turn
+# Set on the thread of a braided backward (techniques/tensor_braid.py): a function that hands the turn
 # to the step's other part until it is this backward's turn again. Thread-local, because that
 # backward runs on a thread of its own while the executor's thread runs the other part.
 _braid = threading.local()
@@ -264,3 +271,63 @@ def unshard(shards: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
         else:
             whole[name] = torch.cat(pieces, dim=rule)
     return whole
+
+
+# --- in the runtime (runtime/techniques.py) ----------------------------------------------------
+def prepare_run(draft) -> bool:
+    """`cluster.run(..., tensor_parallel=tp)`: tp shards of every pipeline rank, whose heads and
+    MLP width split evenly; not yet together with recomputation, a sharded vocabulary, updates
+    inside the schedule or experts (checked once every technique has prepared)."""
+    tp, dp, schedule = draft.tensor_parallel, draft.data_parallel, draft.schedule
+    if tp == 1:
+        return False
+    if schedule.ranks * dp * tp != draft.ranks:
+        raise ValueError(
+            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas × {tp} "
+            f"tensor-parallel shards = {schedule.ranks * dp * tp} processes, but the cluster has "
+            f"{draft.ranks}: use LocalCluster(ranks={schedule.ranks * dp * tp})")
+    check_divisible(draft.cfg.n_heads, draft.cfg.ffn_width, tp)
+    draft.later(_alone)
+    draft.braided = True       # a compound step computes one part while another's all-reduce runs
+    return True
+
+
+def _alone(draft) -> None:
+    if draft.recompute or draft.split_untied or UPDATE in draft.schedule.kinds() or draft.cfg.moe:
+        raise ValueError("tensor_parallel > 1 is not supported yet together with recompute=..., "
+                         "a sharded vocabulary, optimizer updates (U) inside the schedule or a "
+                         "mixture-of-experts model (n_experts): run one or the other")
+
+
+def setup_rank(run) -> None:
+    """Split this rank's blocks over its tensor-parallel group; the all-reduces are timed into
+    the stages' log of spans inside actions, which the executor gives to the running part."""
+    mesh = run.spec.mesh
+    tp = TensorParallel(mesh.tp, run.shard, run.group(mesh.tp_group(run.pp, run.replica)),
+                        run.spec.link)
+    tp.log = run.stages.log
+    run.stages.shard(tp)
+
+
+@contextmanager
+def time_step(run, state):
+    """After the step: each all-reduce becomes an event on the communication lane."""
+    yield
+    step = run.report["steps"][-1]
+    step.setdefault("events", []).extend(
+        (Action(part.stage, TP_REDUCE, part.microbatch), start, end, end - start)
+        for part, start, end, _what in step["inside"])
+
+
+def assemble_run(assembly) -> None:
+    """Shards' gradients put back together for the reference check; each pipeline rank's
+    all-reduces of the last step, seconds from the step's start."""
+    assembly.merge = unshard
+    t0, last = assembly.t0, assembly.last
+    assembly.result.tp_all_reduces = {
+        rep["rank"]: [(part, s - t0, e - t0, what) for part, s, e, what in rep["steps"][last]["inside"]]
+        for rep in assembly.reports}
+
+
+register_technique(Technique("tensor", prepare=prepare_run, setup=setup_rank, step=time_step,
+                             assemble=assemble_run, priced=(TP_REDUCE,)))

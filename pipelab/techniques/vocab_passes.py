@@ -17,8 +17,10 @@ from torch import nn
 from ..model.gpt import build_layer
 from ..runtime.handlers import register_handler
 from ..runtime.plugins import process_group
+from ..runtime.techniques import Technique, register_technique
 from ..schedules import Action
 from ..schedules.graph import members_of
+from ..schedules.vocab import VOCAB_KINDS
 from .vocab import (fused_partials, rescaled_sum, shard_forward, shard_rows, shard_softmax_grad,
                     shifted_target)
 
@@ -186,3 +188,15 @@ def embedding_backward(state, a: Action, inputs: dict) -> None:
         add = torch.zeros_like(tok).index_add_(0, local[in_shard], grad[in_shard])
         tok.grad = add if tok.grad is None else tok.grad + add
     return None
+
+
+def prepare_run(draft) -> bool:
+    """A schedule with the vocabulary passes: each rank holds a shard of both tables (its setup
+    is the S handler's, take_shards), so the model is split as if its tables were untied."""
+    if not draft.schedule.kinds() & VOCAB_KINDS:
+        return False
+    draft.split_untied = True
+    return True
+
+
+register_technique(Technique("vocabulary", prepare=prepare_run))
