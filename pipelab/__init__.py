@@ -1,29 +1,35 @@
-"""pipelab: learn pipeline parallelism for transformer training by running it."""
-from .model.gpt import ModelConfig, ToyGPT, build_layer, build_layers, layer_costs, loss_fn
-from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
-                        register, schedule, v_placement)
-from .sim.link import Link
-from .sim.costs import Costs
-from .sim.simulate import simulate
-from .sim.timeline import Event, Timeline
-from .views import compare, explorer, plots   # notebook helpers; matplotlib, ipywidgets lazily
+"""pipelab: learn pipeline parallelism for transformer training by running it.
+
+The façade: everything a notebook reaches as `pl.*`, gathered floor by floor (the README's
+layout section says what each floor holds).
+"""
+# model
+from .model import data, memory
+from .model.config import ModelConfig
 from .model.data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_corpus,
                          split_microbatches)
+from .model.gpt import ToyGPT, build_layer, build_layers, layer_costs, loss_fn
 from .model.train import evaluate, sample, train
+# schedule language
+from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
+                        register, schedule, v_placement)
+# simulator
+from .sim import timeline
+from .sim.costs import Costs
+from .sim.link import Link
 from .sim.partition import Partition, measure_layer_times, partition
+from .sim.simulate import simulate
+from .sim.timeline import Event, Timeline
+# runtime and the techniques that plug into it (importing them registers them)
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
-from .techniques import Mesh, allreduce_time, with_data_parallel
-from .model import memory
-from .support import noise
-from .techniques import recompute
+from .techniques import Mesh, allreduce_time, recompute, with_data_parallel
 from .techniques.recompute import with_recompute
+# planner
 from .planner.calibrate import Calibration, calibrate
 from .planner.plan import Candidate, Plan, plan
-# Modules a notebook reaches as pl.<name> (pl.data.corpus_tokens, pl.timeline.PathSummary,
-# pl.ui.slider; pl.model is the model's floor): top-level modules before the package had floors.
-from .model import data
-from .sim import timeline
-from .views import ui
+# views (matplotlib and ipywidgets load only when something is drawn) and tools
+from .support import noise
+from .views import compare, explorer, plots, ui
 
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",

@@ -23,9 +23,8 @@ import pipelab as pl
 from . import SCHEDULES
 from .support.atomic import check_target
 from .runtime.spec import check_timeout, prepare_run
-from .runtime import LocalCluster, PipelineTimeout, WorkerError
+from .runtime import LocalCluster, PipelineTimeout, WorkerError, assemble, run_rank
 from .checks import MAX_LOCAL_RANKS, at_most, positive_int
-from .runtime import assemble, run_rank
 from .runtime.executor import warm_up
 
 EPILOG = """\

@@ -12,12 +12,10 @@ from __future__ import annotations
 
 import time
 
-from ..runtime.board import Board
+from ..runtime.board import Board, NoBoard
 from ..runtime.executor import run_rank
 from ..runtime import executor
-from ..runtime.board import NoBoard
-from .profiling import profiler as make_profiler
-from .profiling import summarize
+from .profiling import profiler as make_profiler, summarize
 from ..runtime.calls import resolve
 
 

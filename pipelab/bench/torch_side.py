@@ -22,8 +22,7 @@ import torch
 from ..model.data import get_batch
 from ..model.gpt import ModelConfig, build_layers, loss_fn
 from ..schedules import loop_placement, v_placement
-from .profiling import profiler as make_profiler
-from .profiling import summarize
+from .profiling import profiler as make_profiler, summarize
 
 #: pipelab schedule name -> (torch class, placement style). zb-h1/zb-h2 have no exact torch
 #: peer: ScheduleInterleavedZeroBubble is torch's ZB1P (ZB-H1-like, interleaved).

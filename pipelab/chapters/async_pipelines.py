@@ -8,10 +8,9 @@ from typing import Mapping, Sequence
 from ..schedules.pipedream import flushed
 from ..schedules.updates import UPDATE, version_plan
 from ..model.memory import parameter_bytes
-from ..views.plots import _time_scale, _with_source
+from ..views.plots import _time_scale, _with_source, compare
 from ..schedules import schedule
 from ..views import ui
-from ..views.plots import compare
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..support import noise

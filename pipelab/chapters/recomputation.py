@@ -11,14 +11,12 @@ from typing import Sequence
 import torch
 
 from ..model import memory
-from ..model.gpt import ModelConfig, build_layer
+from ..model.gpt import ModelConfig, build_layer, layer_costs
 from ..views.plots import kind_colour
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.timeline import Timeline
-from ..techniques.recompute import prepare
-from ..model.gpt import layer_costs
-from ..techniques.recompute import policies, recompute_flops
+from ..techniques.recompute import policies, prepare, recompute_flops
 
 # Names of what one block saves, in the order its forward saves them (memory.block_saved
 # merges each LayerNorm's mean and 1/std into one entry).

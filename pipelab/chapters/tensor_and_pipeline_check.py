@@ -14,8 +14,8 @@ import torch
 
 from ..model.gpt import ModelConfig, build_layer
 from ..model.weight_grad import WeightGradStore
-from ..techniques.tensor import TensorParallel, TensorParallelBlock, unshard
-from ..techniques.tensor import ColumnParallelLinear, RowParallelLinear, hidden_features
+from ..techniques.tensor import (ColumnParallelLinear, RowParallelLinear, TensorParallel,
+                                 TensorParallelBlock, hidden_features, unshard)
 
 
 def _input(cfg: ModelConfig, rows: int = 2) -> tuple[torch.Tensor, torch.Tensor]:

@@ -20,14 +20,13 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
-from ..sim.partition import balanced_bounds
+from ..sim.partition import Partition, balanced_bounds
 from ..schedules import Schedule, schedule as make_schedule
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
 from ..views.plots import KIND_COLOURS
 from ..support.threads import one_thread
-from ..sim.partition import Partition
 from ..schedules.kinds import KIND_SPECS
 from ..views import ui
 from ..runtime.meter import ActivationMeter

@@ -29,9 +29,7 @@ import math
 from .config import ModelConfig, shard_rows
 from .memory_rules import (FREES, FREES_BUT_STASH, FREES_STASH, FREES_SHARD, KEEPS, KEEPS_SHARD,
                            RESTORES)
-from .memory_moe import moe_saved
-from .memory_moe import moe_stash
-from .memory_moe import moe_parameters
+from .memory_moe import moe_parameters, moe_saved, moe_stash
 
 FLOAT = 4        # bytes of a float32
 INDEX = 8        # bytes of an int64 token id or position

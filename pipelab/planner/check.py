@@ -14,8 +14,7 @@ from __future__ import annotations
 import inspect
 import statistics
 
-from .plan import MiB, Candidate, Plan
-from .plan import POLICIES
+from .plan import Candidate, MiB, Plan, POLICIES
 from ..techniques.tensor import TensorParallel
 from ..runtime.handlers import run_setups
 from ..runtime.stage import RankStages

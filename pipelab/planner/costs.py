@@ -16,8 +16,7 @@ from ..model.gpt import ModelConfig
 from ..techniques.recompute import RECOMPUTE
 from ..schedules.reductions import allreduce_time
 from ..sim.costs import Costs
-from ..model.memory_moe import kept_rows
-from ..model.memory_moe import moe_parameters
+from ..model.memory_moe import kept_rows, moe_parameters
 
 
 def stage_costs(c: Candidate, cal: Calibration) -> Costs:

@@ -21,6 +21,8 @@ from typing import Callable
 
 from .board import POLL
 from .errors import PipelineTimeout, WorkerError
+from ..support.noise import load_average
+from .result import RunResult
 
 
 def target_name(target: "str | Callable") -> str:
@@ -100,7 +102,6 @@ class CallResults(list):
     @property
     def load_line(self) -> str:
         """"measured at load average 2.31 → 2.40 on 2 cores", worded as a run's."""
-        from .result import RunResult
         return RunResult.load_line.fget(self)
 
     def __repr__(self) -> str:
@@ -115,7 +116,6 @@ def call_all(pool, name: str, data: bytes, timeout: float,
     Raises WorkerError (an exception in a worker, or a death) or PipelineTimeout (no answer from
     every rank within `timeout` seconds); the caller then discards the workers.
     """
-    from ..support.noise import load_average
     load_before = load_average()
     for conn in pool.conns:
         conn.send_bytes(data)

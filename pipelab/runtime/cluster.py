@@ -18,13 +18,14 @@ import weakref
 from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
 from ..schedules import comm_plan
 from .board import DONE, OPTIM, POLL, RECV, RUN, SENDS, SETUP, SYNC
-from .calls import CallResults
+from .calls import CallResults, call_all, pack_call, target_name
 from .errors import WorkerError
 from .pool import WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh
 from .watchdog import diagnose, is_stopped, stalled
+from ..support.noise import StatusLine, load_average
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 DEATH_GRACE = 0.5      # seconds to let a killed worker's exit show before blaming a survivor
@@ -170,7 +171,6 @@ class LocalCluster:
         the call. An exception, a death or no answer within `timeout` stops every worker, as a
         failed run does.
         """
-        from .calls import call_all, pack_call, target_name
         name = target_name(target)
         data = pack_call(name, args, kwargs)
         timeout = self.timeout if timeout is None else check_timeout(timeout)
@@ -196,7 +196,6 @@ class LocalCluster:
         if progress and spec.steps > 1:
             from tqdm.auto import tqdm   # here, not at import: workers never need IPython
             bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
-        from ..support.noise import StatusLine, load_average
         # One step: a transient line saying where the ranks are (only where someone watches).
         line = StatusLine(enabled=None if progress and bar is None else False)
         load_before = load_average()
@@ -281,7 +280,6 @@ class LocalCluster:
 def _status(spec, states, reports: dict, elapsed: float) -> str:
     """"1f1b: actions 5/16 9/16 done done · 1.2 s · load 2.3": each rank's progress through its
     actions of the current step (or "done"), the time waited and the machine's load."""
-    from ..support.noise import load_average
     where = []
     for rank, state in enumerate(states):
         if rank in reports or state.state == DONE:

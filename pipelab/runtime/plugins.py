@@ -15,12 +15,12 @@ import importlib.util
 from ..schedules.graph import members_of
 from ..schedules.kinds import KIND_SPECS
 from .techniques import TECHNIQUES
+from .handlers import HANDLERS
 
 
 def plugins_for(schedule, techniques=()) -> tuple[str, ...]:
     """Modules the workers must import for this schedule and these registered techniques (by
     name); ValueError for ones they cannot."""
-    from .handlers import HANDLERS
     kinds = sorted(schedule.kinds())
     missing = [k for k in kinds if k not in HANDLERS]
     if missing:

@@ -8,7 +8,7 @@ import torch
 
 from ..model.data import get_batch
 from ..model.gpt import ToyGPT
-from ..schedules.kinds import KIND_SPECS
+from ..schedules.kinds import ACTIVATION, KIND_SPECS, SAVED
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.timeline import Event, Timeline
@@ -16,6 +16,9 @@ from ..schedules.actions import Action
 from .collectives import ALL_REDUCE
 from .spec import RunSpec
 from .techniques import assemble_all, priced_kinds, walk
+from ..model.memory import _blocks, parameter_bytes
+from ..schedules.reductions import REPLICA_SUM
+from ..schedules.routes import replicas
 
 
 @dataclass
@@ -96,7 +99,6 @@ class RunResult:
     def stage_parameter_bytes(self) -> list[int]:
         """Bytes of float32 parameters of each stage (also what its gradient all-reduce moves),
         from the byte model."""
-        from ..model.memory import parameter_bytes
         return [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
 
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
@@ -298,7 +300,6 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
     measured with the saved-tensors meter: the median over the step's split backwards of the
     bytes I freed over the bytes F added (and a recomputation R restored: every kind whose
     output is the stage's activations or its saved ones). None when no backward is split."""
-    from ..schedules.kinds import ACTIVATION, KIND_SPECS, SAVED
     adds = {k for k, spec in KIND_SPECS.items() if spec.output in (ACTIVATION, SAVED)}
     added, shares = {}, []
     for rep in reports:
@@ -324,8 +325,6 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     its link time to the pass (the median over its microbatches). The measured spans of those
     collectives are dropped from the table: the formula prices them instead. `reports`: one
     process per pipeline rank (replica 0, shard 0)."""
-    from ..model.memory import _blocks
-    from ..schedules.reductions import REPLICA_SUM
     link, mesh = spec.link, spec.mesh
     # the formulas price these: the gradient sums, and what the techniques say they price
     priced = {ALL_REDUCE, REPLICA_SUM} | priced_kinds(spec.techniques)
@@ -378,7 +377,6 @@ def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
 
 def _replicated_layers(spec: RunSpec) -> set[int]:
     """Indices of the layers that weight replicas (routes.py) hold twice."""
-    from ..schedules.routes import replicas
     return {layer for stages in replicas(spec.schedule).values()
             for layer in range(*spec.bounds[stages[0]])}
 

@@ -18,6 +18,8 @@ from ..schedules.kinds import KIND_SPECS
 from .mesh import Mesh
 from .plugins import plugins_for
 from .techniques import prepare_all
+from ..model.footprint import check_run
+from ..schedules.reductions import REPLICA_SUM
 
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
 INJECTIONS = ("stall", "raise", "drop", "lag")
@@ -155,7 +157,6 @@ def _check_fits(draft: Draft) -> None:
     """Refuse a run that cannot fit in this machine's memory (footprint.py), before the split
     (which lists every layer) or any worker; the arguments checked later are taken as given
     when they are valid, else at their defaults."""
-    from ..model.footprint import check_run
     m, dp = draft.schedule.microbatches, draft.data_parallel
 
     def valid(value) -> bool:
@@ -252,7 +253,6 @@ def _check_link_kinds(schedule: Schedule) -> None:
     messages, gradient all-reduces and sums (AR, G), tensor-parallel all-reduces and expert
     all-to-alls; a collective kind's own handler (vocabulary passes, a plugin's) talks to
     torch.distributed directly, and would silently run at loopback speed."""
-    from ..schedules.reductions import REPLICA_SUM
     other = sorted(kind for kind in schedule.kinds()
                    if KIND_SPECS[kind].collective and kind != REPLICA_SUM)
     if other:

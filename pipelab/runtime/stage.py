@@ -14,6 +14,7 @@ from ..model.data import split_microbatches
 from ..model.gpt import ModelConfig, build_layers
 from ..schedules import Action
 from ..model.weight_grad import WeightGradStore
+from ..schedules.kinds import OUTPUT_GRADIENT
 
 
 def mark_replica_own(p: nn.Parameter) -> None:
@@ -121,7 +122,6 @@ class StepState:
         self.recompute = None
         # Where the loss is computed: on the last stage, unless the schedule feeds that stage's
         # backward from other actions (vocabulary parallelism computes it across the ranks).
-        from ..schedules.kinds import OUTPUT_GRADIENT
         if schedule._index is None:
             schedule.reindex()
         self.loss_on_last_stage = not any(key[0] == OUTPUT_GRADIENT for key in schedule._index)

@@ -13,6 +13,8 @@ import ast
 import multiprocessing
 import sys
 
+from .rendezvous import report_startup_error
+
 GUARD_HINT = ('put the code that starts the cluster under `if __name__ == "__main__":` '
               '(workers are spawned processes that re-import the main script; the guard keeps '
               'them from running it)')
@@ -32,7 +34,6 @@ def check_can_spawn() -> None:
     if inside_spawn_bootstrap():
         # We are a worker re-running an unguarded script: refuse, and leave the reason where
         # the parent finds it (rendezvous.read_startup_error), instead of spawning recursively.
-        from .rendezvous import report_startup_error
         message = ("the main script creates a LocalCluster when a worker re-imports it: "
                    + GUARD_HINT)
         report_startup_error(message)

@@ -14,6 +14,11 @@ import pickle
 import signal
 import traceback
 
+from .rendezvous import join_group
+from .board import Board
+from .calls import run_call
+from .executor import run_rank, warm_up
+
 
 def _die_with_parent() -> None:
     # If the parent is killed outright, take the worker down too (Linux only; best effort).
@@ -46,7 +51,6 @@ def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
     import torch
 
-    from .rendezvous import join_group
 
     torch.set_num_threads(1)
     pinned = _pin(core)
@@ -56,9 +60,6 @@ def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core:
 
     try:
         join_group(rendezvous, rank, world, group_timeout, rendezvous_timeout=start_timeout)
-        from .board import Board
-        from .calls import run_call
-        from .executor import run_rank, warm_up
         board = Board(board_array, world)
         warm_up()
         # Everything alive now (torch, the modules, the warm-up's leftovers) lives as long as

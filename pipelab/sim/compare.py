@@ -23,12 +23,11 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Sequence
 
-from ..schedules import SCHEDULES, schedule
+from ..schedules import SCHEDULES, comm_plan, schedule
 from ..schedules.routes import weight_share
 from .costs import Costs
 from .simulate import simulate
 from .timeline import Timeline
-from ..schedules import comm_plan
 
 RANK_KINDS = ("F", "I", "W", "B")
 

@@ -18,6 +18,7 @@ from ..schedules.actions import NO_MICROBATCH, Action
 from ..schedules.base import Schedule
 from ..schedules.kinds import KIND_SPECS, REDUCTION, Input, register_kind
 from ..schedules.reductions import allreduce_time, gradient_inputs  # noqa: F401 - re-exported
+from ..checks import positive_int
 
 
 def _reduce_inputs(schedule, a: Action) -> list[Input]:
@@ -48,7 +49,6 @@ def with_data_parallel(schedule: Schedule, replicas: int = 2) -> Schedule:
 
     A pure function: `schedule` is not modified. The result remembers `replicas` (the simulator
     charges the ring all-reduce over that many processes)."""
-    from ..checks import positive_int
     positive_int("replicas", replicas)
     if replicas == 1:
         return schedule

@@ -41,6 +41,8 @@ from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import Action
 from ..schedules.kinds import COMMUNICATION, register_kind
 from .expert_routing import routing_of
+from ..checks import positive_int
+from ..runtime.link import collective
 
 DISPATCH, COMBINE = "Ed", "Ec"
 
@@ -72,7 +74,6 @@ class GroupExchange:
         if self.link is None:
             dist.all_to_all_single(out, rows, recv, send, group=self.group)
         else:
-            from ..runtime.link import collective
             seconds = self.link.all_to_all_time(nbytes, self.size)
             collective(lambda: dist.all_to_all_single(out, rows, recv, send, group=self.group,
                                                       async_op=True),
@@ -134,7 +135,6 @@ def place_experts(modules, group, index: int, size: int, on_wait=None, link=None
 
 def check_expert_parallel(cfg, expert_parallel: int, data_parallel: int) -> int:
     """The data-parallel degree a run with `expert_parallel` needs; ValueError if it cannot be."""
-    from ..checks import positive_int
     ep = positive_int("expert_parallel", expert_parallel)
     if ep == 1:
         return data_parallel

@@ -15,11 +15,10 @@ it is as good as FLOPs are at predicting where a stage's time goes.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..model.gpt import ModelConfig
+from ..model.gpt import ModelConfig, layer_costs
 from ..sim.costs import Costs
 
 
@@ -71,7 +70,6 @@ def balanced(routing: Routing, top_k: int, tokens: int) -> Routing:
 def expert_share(cfg: ModelConfig, start: int, stop: int) -> float:
     """Share of a stage's forward FLOPs (layers [start, stop)) spent in experts when routing
     is balanced, from the cost profile (the model's layer_costs)."""
-    from ..model.gpt import layer_costs
     rows = layer_costs(cfg)[start:stop]
     total = sum(r["flops"] for r in rows)
     s, h, f = cfg.seq_len, cfg.d_model, cfg.ffn_width

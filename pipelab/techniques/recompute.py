@@ -33,15 +33,16 @@ import torch
 from torch import nn
 
 from ..model.memory import POLICIES, check_policy, default_k
-from ..model.gpt import AttentionCore, Block, ModelConfig
+from ..model.gpt import AttentionCore, Block, ModelConfig, build_layers, layer_costs, loss_fn
 from ..runtime.handlers import register_handler
 from ..runtime.techniques import Technique, register_technique
 from ..schedules.actions import Action
 from ..schedules.base import Schedule
-from ..schedules.kinds import RECOMPUTE as RECOMPUTE_ROLE
-from ..schedules.kinds import SAVED, Input, register_kind
+from ..schedules.kinds import Input, RECOMPUTE as RECOMPUTE_ROLE, SAVED, register_kind
 from ..support.threads import one_thread
 from .recompute_placement import RECOMPUTE, with_recompute  # noqa: F401  (re-exported)
+from ..model.data import get_batch
+from ..runtime.meter import ActivationMeter
 
 
 
@@ -305,9 +306,6 @@ def sequential_peak(cfg: ModelConfig, rows: int, policy: str = "none", k: int | 
     process, with no `R`: each dropped region is recomputed when the backward reaches it, so
     only one segment is back at a time — Chen et al.'s setting, where keeping every k-th input
     costs ⌈n/k⌉ checkpoints plus one segment of k blocks."""
-    from ..model.data import get_batch
-    from ..model.gpt import build_layers, loss_fn
-    from ..runtime.meter import ActivationMeter
     layers = build_layers(cfg, 0, cfg.total_layers)
     bounds = [(0, cfg.total_layers)]
     chosen = policies({"policy": policy, "k": k} if k is not None else policy, cfg, bounds)
@@ -324,7 +322,6 @@ def recompute_flops(cfg: ModelConfig, start: int, stop: int, rows: int, policy: 
     """Forward FLOPs the `R` of one microbatch of layers [start, stop) repeats: every block's
     (model.layer_costs) under `full` and `every-k`, the attention core's 4·rows·s²·h under
     `selective` (QKᵀ and the weighted sum; the softmax is not counted), none under `none`."""
-    from ..model.gpt import layer_costs
     check_policy(policy)
     blocks = [r for r in layer_costs(cfg, rows)[start:stop] if r["kind"] == "block"]
     if policy == "none":

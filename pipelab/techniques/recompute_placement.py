@@ -20,6 +20,8 @@ import copy
 
 from ..schedules.actions import Action
 from ..schedules.base import Schedule
+from ..sim.costs import Costs
+from ..sim.simulate import simulate
 
 RECOMPUTE = "R"
 BACKWARDS = ("B", "I")
@@ -66,8 +68,6 @@ def _early(schedule: Schedule, costs) -> Schedule:
     """Move each R, rank by rank and in order, to the earliest idle gap between the rank's
     previous backward (or its own F, if later) and its backward; keep a move only when the
     simulated makespan does not grow."""
-    from ..sim.costs import Costs
-    from ..sim.simulate import simulate
     costs = Costs() if costs is None else costs
     best = simulate(schedule, costs).makespan
     for rank in range(schedule.ranks):

@@ -37,6 +37,7 @@ from ..schedules.actions import Action
 from ..schedules.updates import UPDATE
 from ..sim.tensor_overlap import TP_REDUCE     # the timelines' kind of its all-reduces
 from ..model.weight_grad import Linear
+from ..runtime.link import collective
 
 
 class TensorParallel:
@@ -57,7 +58,6 @@ class TensorParallel:
         if self.size == 1:
             return _Done() if async_op else None
         import torch.distributed as dist
-        from ..runtime.link import collective
         start = time.perf_counter()
         link = self.link
         seconds = link.allreduce_time(tensor.numel() * tensor.element_size(), self.size) \

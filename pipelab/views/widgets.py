@@ -10,8 +10,7 @@ import matplotlib.pyplot as plt
 
 from ..model.gpt import ModelConfig, ToyGPT, layer_costs
 from .plots import plot_layer_costs  # noqa: F401 - notebook 00 imports it from here
-from ..model.train import train
-from ..model.train import sample
+from ..model.train import sample, train
 from . import ui
 
 

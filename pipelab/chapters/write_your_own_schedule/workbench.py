@@ -25,8 +25,7 @@ from ...sim.timeline import Timeline
 from ...sim.compare import longest_span
 from ...runtime import PipelineTimeout, WorkerError
 from ...support.noise import load_line
-from ...views import ui
-from ...views import plots
+from ...views import plots, ui
 
 GRAD_TOLERANCE = 1e-5      # float32, relative: the project's bar for every schedule that runs
 
