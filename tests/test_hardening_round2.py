@@ -18,7 +18,7 @@ import pytest
 import pipelab as pl
 from pipelab.support import atomic
 from pipelab.model import footprint
-from pipelab.techniques.mesh import Mesh
+from pipelab.runtime.mesh import Mesh
 from pipelab.runtime import rendezvous
 from pipelab.runtime.board import RECV, RUN, SETUP, SYNC, RankState
 from pipelab.runtime.errors import WorkerError

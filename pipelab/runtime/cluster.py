@@ -25,7 +25,7 @@ from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh
 from .watchdog import diagnose, is_stopped, stalled
-from ..support.noise import StatusLine, load_average
+from ..support import noise     # read at call time: a test can stand in for the load reading
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 DEATH_GRACE = 0.5      # seconds to let a killed worker's exit show before blaming a survivor
@@ -197,8 +197,8 @@ class LocalCluster:
             from tqdm.auto import tqdm   # here, not at import: workers never need IPython
             bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
         # One step: a transient line saying where the ranks are (only where someone watches).
-        line = StatusLine(enabled=None if progress and bar is None else False)
-        load_before = load_average()
+        line = noise.StatusLine(enabled=None if progress and bar is None else False)
+        load_before = noise.load_average()
         plan = None
         reports: dict[int, dict] = {}
         try:
@@ -237,7 +237,7 @@ class LocalCluster:
             if bar is not None:
                 bar.close()
         # The load the run saw travels with the reports to the result (RunResult.load).
-        reports[0]["load"] = (load_before, load_average())
+        reports[0]["load"] = (load_before, noise.load_average())
         return [reports[r] for r in range(self.ranks)]
 
     def _where(self, rank: int, spec) -> tuple[str, object]:
@@ -290,7 +290,7 @@ def _status(spec, states, reports: dict, elapsed: float) -> str:
     step = max((s.step for s in states), default=0) + 1
     steps = f" (step {step}/{spec.steps})" if spec.steps > 1 else ""
     return (f"{spec.schedule.name}: actions {' '.join(where)}{steps} · {elapsed:.1f} s · "
-            f"load {load_average():.1f}")
+            f"load {noise.load_average():.1f}")
 
 
 def _reap(pool: WorkerPool, grace: float) -> None:

@@ -8,7 +8,7 @@ import torch
 
 from ..model.data import get_batch
 from ..model.gpt import ToyGPT
-from ..schedules.kinds import ACTIVATION, KIND_SPECS, SAVED
+from ..schedules.kinds import ACTIVATION, INPUT_GRAD, KIND_SPECS, SAVED
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
 from ..sim.timeline import Event, Timeline
@@ -308,7 +308,7 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
             if len(item.parts) == 1 and item.kind in adds:
                 key = (item.stage, item.microbatch)
                 added[key] = added.get(key, 0) + live - before
-            elif len(item.parts) == 1 and item.kind == "I":
+            elif len(item.parts) == 1 and KIND_SPECS[item.kind].role == INPUT_GRAD:
                 grew = added.get((item.stage, item.microbatch))
                 if grew:
                     shares.append((before - live) / grew)

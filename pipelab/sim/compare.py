@@ -29,8 +29,6 @@ from .costs import Costs
 from .simulate import simulate
 from .timeline import Timeline
 
-RANK_KINDS = ("F", "I", "W", "B")
-
 
 # --- the same model, any schedule ---------------------------------------------------------------
 

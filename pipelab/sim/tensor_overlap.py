@@ -17,7 +17,7 @@ All-reduces of one rank never overlap each other (one communication stream).
 """
 from __future__ import annotations
 
-from ..schedules.kinds import COMMUNICATION, KIND_SPECS, register_kind
+from ..schedules.kinds import BACKWARD, COMMUNICATION, KIND_SPECS, register_kind
 
 Span = tuple[float, float, int]       # (start, end, which part it sums), from the step's start
 
@@ -43,7 +43,8 @@ def step_time(costs, item, microbatches: int = 1) -> tuple[float, float, list[Sp
         work = costs.duration(part, microbatches)
         ar = costs.of_tp_allreduce(part.stage) if reduces(part.kind) else 0.0
         # A full backward is I then W: its all-reduce can run under the W half.
-        after = costs.of("W", part.stage) if part.kind == "B" and costs.tp_overlap else 0.0
+        after = costs.of("W", part.stage) \
+            if KIND_SPECS[part.kind].role == BACKWARD and costs.tp_overlap else 0.0
         t += work - after
         if ar:
             begin = max(t, comm)
