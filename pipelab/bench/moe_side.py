@@ -2,7 +2,7 @@
 
     cluster.call("pipelab.bench.moe_side:layer_times", job)     # one dict per rank
 
-Every rank builds the same MoE MLP, keeps its share of the experts (parallel/expert.py, over
+Every rank builds the same MoE MLP, keeps its share of the experts (techniques/expert.py, over
 the whole group) and runs forward and backward on its own tokens, `repeats` times. The layer's
 own records (moe.recording) give, per repeat, the dispatch and combine all-to-alls and the
 expert compute of the forward; the backward's all-to-alls and the whole backward are timed too.

@@ -1,6 +1,6 @@
 """Memory in bytes, one model: activations by recomputation policy, parameters, optimizer state.
 
-Derived from the toy model's own operations (model.py), in float32, for `rows` sequences of
+Derived from the toy model's own operations (gpt.py), in float32, for `rows` sequences of
 `cfg.seq_len` tokens (one microbatch), and counted the way the runtime's saved-tensors meter
 counts (runtime/meter.py): each storage an autograd node saves for backward, once; parameters
 are not activations. The simulator's byte curves (recompute.simulate_bytes) and the planner
@@ -39,7 +39,7 @@ CORE = ("q (head layout)", "k (head layout)", "causal mask", "attention probabil
         "v (head layout)")
 
 
-# What tensor parallelism splits over its t shards (parallel/tensor.py): q, k, v and the
+# What tensor parallelism splits over its t shards (techniques/tensor.py): q, k, v and the
 # probabilities of the shard's heads, the attention output it projects, its slice of the MLP's
 # hidden layer. The rest (LayerNorms' inputs, outputs and statistics: the column-parallel
 # Linears' inputs) every shard keeps whole.
@@ -115,7 +115,7 @@ def _check_rows(rows: int) -> None:
 def _ends(cfg: ModelConfig, start: int, stop: int, rows: int, sharded: bool = False) -> int:
     """The embedding's and the head's saved bytes, where the layers hold them (never recomputed:
     the embedding keeps only token ids, the head and loss are one small layer). `sharded`
-    (vocabulary parallelism, parallel/vocab_passes.py): the first stage adds positions to word
+    (vocabulary parallelism, techniques/vocab_passes.py): the first stage adds positions to word
     vectors that arrive (it keeps the position ids only) and the last keeps its LayerNorm alone
     (input, mean, 1/std); the output layer's bytes are the vocabulary passes' (`vocab_bytes`)."""
     t, h, v = rows * cfg.seq_len, cfg.d_model, cfg.vocab_size

@@ -25,7 +25,7 @@ microbatches, or replicas, routes every token exactly as the unsplit model does.
   gradient), so no stage needs to send it anywhere.
 
 Where the experts run is the `exchange`'s business: `LOCAL` (every expert here) or, for expert
-parallelism, an all-to-all over a process group (parallel/expert.py). The dispatch code is the
+parallelism, an all-to-all over a process group (techniques/expert.py). The dispatch code is the
 same for both.
 """
 from __future__ import annotations

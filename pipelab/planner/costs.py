@@ -26,7 +26,7 @@ def stage_costs(c: Candidate, cal: Calibration) -> Costs:
     split; the LayerNorms, counted in, are small), all of its fixed time, and the whole
     embedding and head (replicated), and each
     forward and input-gradient pass ends in two all-reduces of one activation per block
-    (`tp_allreduce`, which the simulator overlaps where the step allows: tp_overlap.py)."""
+    (`tp_allreduce`, which the simulator overlaps where the step allows: sim/tensor_overlap.py)."""
     F, I, W, R = [], [], [], []
     last, shrink = cal.cfg.total_layers - 1, 1 - 1 / c.tensor
     exchange = _expert_exchange(c, cal)

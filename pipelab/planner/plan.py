@@ -19,7 +19,7 @@ runs it): its passes are costed from the calibrated head and embedding layers di
 shards, its bytes come from memory.py (`vocab_bytes`, `static_bytes`). Expert parallelism
 (a mixture-of-experts model) divides the experts over the replicas (ep = dp, where it divides
 them): two all-to-alls per block per pass, E/ep experts' bytes, activations bounded by the
-experts' capacity (memory_moe.py). The time model is plan_costs.py.
+experts' capacity (memory_moe.py). The time model is costs.py.
 """
 from __future__ import annotations
 
@@ -201,9 +201,9 @@ def _check(cfg, devices, memory_per_device, schedules, recompute, chunks, microb
 def _meshes(cfg: ModelConfig, devices: int, batch_size: int):
     """(pipeline, data-parallel, tensor-parallel, expert-parallel) degrees with p × dp × tp =
     devices, p <= the model's layers, a batch that splits over the replicas, tp dividing the
-    heads and the MLP's hidden width (parallel/tensor.py splits by whole heads; not with
+    heads and the MLP's hidden width (techniques/tensor.py splits by whole heads; not with
     experts, as the runtime runs it), and ep either 1 or, for a mixture of experts whose
-    count it divides, the replicas (parallel/expert.py divides the experts over the dp group)."""
+    count it divides, the replicas (techniques/expert.py divides the experts over the dp group)."""
     for tp in _divisors(devices):
         if cfg.n_heads % tp or cfg.ffn_width % tp or (tp > 1 and cfg.moe):
             continue

@@ -1,4 +1,4 @@
-"""Waiting out an emulated link (`pl.Link`, link.py) on the ranks: sleep, never spin.
+"""Waiting out an emulated link (`pl.Link`, sim/link.py) on the ranks: sleep, never spin.
 
 A message or a collective posted under a link completes no earlier than the link's time for it
 after it was posted. The data itself still moves over loopback (microseconds); what the link

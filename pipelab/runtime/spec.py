@@ -44,7 +44,7 @@ class RunSpec:
     recompute: tuple = ()                # recompute.Policy per stage; () keeps every activation
     tensor_parallel: int = 1             # shards of each pipeline rank (techniques/tensor.py)
     expert_parallel: int = 1             # the dp group divides each MoE layer's experts
-    link: Link | None = None             # an emulated link every transfer waits out (link.py)
+    link: Link | None = None             # an emulated link every transfer waits out (sim/link.py)
     techniques: tuple[str, ...] = ()     # the registered techniques this run uses (techniques.py)
     gradient_check: bool = True          # False: a technique checks the run its own way
     #                                      (weight versions), not against the unsplit gradients

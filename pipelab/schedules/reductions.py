@@ -1,6 +1,6 @@
 """Gradient sums as actions: what a reduction waits for, what it costs, and the replica sum `G`.
 
-Two kinds sum gradients over several copies of the same weights. `AR` (parallel/
+Two kinds sum gradients over several copies of the same weights. `AR` (techniques/
 data_parallel.py) sums a stage over the data-parallel replicas of the whole pipeline. `G`
 sums a model part over its *weight replicas* inside one pipeline: the two stages, on two
 ranks, that compute the same part in a bidirectional schedule (DualPipe, Chimera; routes.py).

@@ -18,7 +18,8 @@ CSV forms (which hold nothing but actions):
 Its backward always uses the same version (weight stashing): that is what makes the gradient
 of each microbatch exact for *some* weights. `version_plan` is the one place that turns a
 schedule into who-uses-what and when each version may be freed; the runtime
-(runtime/versions.py), the emulation (staleness.py) and the plots all read it.
+(techniques/async_versions.py), the emulation (techniques/async_staleness.py) and the plots all
+read it.
 """
 from __future__ import annotations
 

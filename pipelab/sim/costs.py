@@ -69,7 +69,7 @@ class Costs:
 
     Tensor parallelism: `tp_allreduce` (T_AR, one number or a list as F's) is the all-reduce
     that ends each forward and each input-gradient pass (kinds registered with `tp_reduce`);
-    `tp_overlap` lets it run under other compute where the step allows (tp_overlap.py: a full
+    `tp_overlap` lets it run under other compute where the step allows (tensor_overlap.py: a full
     B's W half, a braided compound's other microbatch). 0 (the default): no tensor parallelism.
     `tp_sends_wait=False` is the papers' idealisation: what a braided step sends leaves when its
     compute ends, as if its last all-reduce (the tail) were free.

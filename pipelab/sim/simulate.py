@@ -117,7 +117,7 @@ def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) 
 
 def _tp_timing(costs: Costs, order, microbatches: int) -> tuple[list, list, list]:
     """Per step, by position: compute time, tail and all-reduce spans under tensor parallelism
-    (tp_overlap.py), computed once per shape of step; a measured step keeps its measured time."""
+    (tensor_overlap.py), computed once per shape of step; a measured step keeps its own time."""
     measured = costs.per_action or {}
     cache: dict = {}
     took, tails, spans = [], [], []

@@ -8,7 +8,7 @@ updates happened in between (weight stashing). An update `sU<mb>`:
 1. sums the gradient accumulated in every version of the stage since the previous update and
    turns it into the mean over the microbatches it covers;
 2. makes a new version: the newest one − lr × that mean (plain SGD: the one-process
-   emulation in staleness.py applies the same rule with the same `sgd_step`);
+   emulation in async_staleness.py applies the same rule with the same `sgd_step`);
 3. frees the versions no later action reads.
 
 The versions are parameters, not activations: the activation meter is told about each new
@@ -158,7 +158,7 @@ class VersionsReport:
 
 
 def assemble_versions(spec, reports: list[dict], result) -> VersionsReport:
-    """Gather the ranks' version reports; with `spec.check`, compare with staleness.py's
+    """Gather the ranks' version reports; with `spec.check`, compare with async_staleness.py's
     emulations and fill the result's reference fields from them."""
     t0 = min(rep["steps"][0]["begin"] for rep in reports)
     out = VersionsReport(

@@ -1,5 +1,5 @@
-"""The pictures of compare.py: the schedule table's chart and the interactive explorers
-(sliders in, simulated pictures out) of notebooks 04 and 05. They only draw what compare.py's
+"""The pictures of sim/compare.py: the schedule table's chart and the interactive explorers
+(sliders in, simulated pictures out) of notebooks 04 and 05. They only draw what sim/compare.py's
 data functions return. `pl.compare` is this module: it re-exports the simulator's comparisons
 (`pipelab.sim.compare`) so that a notebook finds data and pictures under one name.
 """
