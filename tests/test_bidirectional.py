@@ -1,6 +1,6 @@
 """Bidirectional pipelines: Chimera, DualPipe and DualPipeV.
 
-Their closed forms in the simulator (FORMULAS.md: DeepSeek-V3's table, Chimera's slot count),
+Their closed forms in the simulator (docs/formulas.md: DeepSeek-V3's table, Chimera's slot count),
 the schedule language's routes and weight replicas (text round trip, the validator's new
 rules), DualPipeV against torch's ScheduleDualPipeV table, and live runs on 2 and 4 ranks that
 compute exactly what the unsplit model computes.

@@ -44,7 +44,7 @@ def test_chunk_costs_per_rank_lists_follow_the_placement():
 
 
 def test_reference_values_for_the_same_model():
-    """FORMULAS.md: p=4, m=8, unit rank costs: 1F1B 33, interleaved v=2 28.5 (peaks 5.5 / 2.5),
+    """docs/formulas.md: p=4, m=8, unit rank costs: 1F1B 33, interleaved v=2 28.5 (peaks 5.5 / 2.5),
     ZB-H1 27, ZB-H2 span 24 / wall-clock 27."""
     assert compare.simulate_named("1f1b", 4, 8).makespan == 33
     inter = compare.simulate_named("interleaved-1f1b", 4, 8, chunks=2)

@@ -21,7 +21,7 @@ def test_costs_live_in_their_own_module_and_keep_their_names():
 @pytest.mark.parametrize("name,options,makespan", [
     ("1f1b", {}, 33.0),                      # (m + p − 1)(F + I + W)
     ("interleaved-1f1b", {"chunks": 2}, 28.5),   # m·3 + (p − 1)·3 / v
-    ("zb-v", {}, 25.5),                      # the V at unit costs (FORMULAS.md)
+    ("zb-v", {}, 25.5),                      # the V at unit costs (docs/formulas.md)
 ])
 def test_one_object_compares_every_schedule(name, options, makespan):
     """p=4, m=8, unit costs for a rank's worth of layers: the papers' reference values."""

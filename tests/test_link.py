@@ -58,7 +58,7 @@ def test_the_formulas_count_rounds_and_bytes():
 
 
 def test_gpipe_on_a_link_grows_by_2_p_minus_1_messages():
-    # FORMULAS.md: with message cost c, GPipe's makespan grows by exactly 2(p-1)c.
+    # docs/formulas.md: with message cost c, GPipe's makespan grows by exactly 2(p-1)c.
     p, m, nbytes = 4, 8, 4000
     s = pl.schedule("gpipe", ranks=p, microbatches=m)
     plain = pl.simulate(s, pl.Costs(F=1.0, I=1.0, W=1.0))
@@ -106,7 +106,7 @@ TINY = pl.ModelConfig(n_layers=4, d_model=16, n_heads=2, seq_len=8)
 def test_gpipe_against_1f1b_on_a_20ms_link_measures_what_the_simulator_says(clusters):
     cluster = clusters(4)
     m = 4
-    # On a 20 ms link, 1F1B's steady state waits for a message at every turn (FORMULAS.md:
+    # On a 20 ms link, 1F1B's steady state waits for a message at every turn (docs/formulas.md:
     # a strictly ordered 1F1B exposes communication): it is far slower than GPipe, and the
     # simulator, pricing each message α + bytes/β, says by how much. Best of two runs each,
     # alternated: other programs only ever add time to a run.

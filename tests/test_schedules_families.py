@@ -1,5 +1,5 @@
 """Interleaved 1F1B, looped BFS and the zero-bubble family against the closed forms of
-shared/FORMULAS.md (Megatron SC21 §2.2.2; Qi et al. ICLR 2024 Table 2 and §6).
+docs/formulas.md (Megatron SC21 §2.2.2; Qi et al. ICLR 2024 Table 2 and §6).
 
 Costs: T_F, T_I, T_W are per microbatch per *rank's worth of layers*, as a `pl.Costs` holds them;
 with v chunks per rank the simulator charges each chunk stage 1/v of that. Activation counts are in the
@@ -31,7 +31,7 @@ def build(name: str, p: int, m: int) -> Schedule:
     return pl.schedule(name, ranks=p, microbatches=m)
 
 
-# --- FORMULAS.md's reference table (unit costs, p, m) -----------------------------------------
+# --- docs/formulas.md's reference table (unit costs, p, m) ------------------------------------
 
 @pytest.mark.parametrize("p,m,makespan", [(4, 4, 16.5), (4, 8, 28.5), (8, 16, 58.5), (8, 32, 106.5)])
 def test_interleaved_reference_values(p, m, makespan):

@@ -1,5 +1,5 @@
 """The simulator against the closed forms of the papers (GPipe §2.3, Megatron SC21 §2.2.1),
-collected with their sources in the project workspace's shared/FORMULAS.md."""
+collected with their sources in docs/formulas.md."""
 import json
 
 import pytest
@@ -17,7 +17,7 @@ def test_makespan_and_both_bubble_conventions(name):
         assert tl.makespan == pytest.approx(3 * (m + p - 1)), (p, m)
         assert tl.bubble_fraction() == pytest.approx((p - 1) / (m + p - 1)), (p, m)
         assert tl.bubble_ratio() == pytest.approx((p - 1) / m), (p, m)
-        assert tl.busy() == {r: 3 * m for r in range(p)}, (p, m)    # FORMULAS.md: ideal busy 3m
+        assert tl.busy() == {r: 3 * m for r in range(p)}, (p, m)  # docs/formulas.md: busy 3m
 
 
 def test_peak_activations_gpipe_holds_m_and_1f1b_holds_min_p_minus_i_m():
@@ -58,7 +58,7 @@ def test_stages_on_one_rank_hand_over_without_communication():
         "2B0": (6.5, 8.5), "1B0": (9, 11), "0B0": (11, 13)}
 
 
-# --- a second simulator, written from the rules in FORMULAS.md rather than from kinds.py -------
+# --- a second simulator, written from the rules in docs/formulas.md rather than from kinds.py --
 
 def reference_simulation(sched, F, I, W, comm, i_frees):
     """Start and end of every action and each rank's activation curve, by relaxation to a

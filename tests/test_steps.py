@@ -26,7 +26,7 @@ def test_each_further_zb_h2_step_costs_the_closed_form_span(F, I, W):  # noqa: E
 
 
 def test_zb_h1_and_1f1b_steps_cost_their_whole_makespan():
-    for name, per_step in (("zb-h1", 27.0), ("1f1b", 33.0)):      # FORMULAS reference values
+    for name, per_step in (("zb-h1", 27.0), ("1f1b", 33.0)):  # docs/formulas.md's values
         one = compare.simulate_named(name, 4, 8, pl.Costs())
         two = pl.simulate(consecutive(one.schedule, 2), pl.Costs())
         assert two.makespan == 2 * per_step

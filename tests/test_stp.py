@@ -1,5 +1,5 @@
 """The STP schedule against the authors' order, and the simulator's tensor-parallel all-reduce
-against the closed forms of FORMULAS.md (STP, 1F1B-I, ZB-V) on unit costs. The STP paper's
+against the closed forms of docs/formulas.md (STP, 1F1B-I, ZB-V) on unit costs. The STP paper's
 T_F, T_I, T_W and T_AR are one chunk's (a stage's): the tables here are `pl.Costs.per_stage`."""
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Point-to-point messages between ranks, one per `Transfer` of the communication plan.
 
-Gloo traps this module avoids (see PLATFORM.md): a non-contiguous send raises on the sender
+Gloo traps this module avoids (see docs/platform.md): a non-contiguous send raises on the sender
 while the receiver hangs, so every send is made contiguous; and a gloo send completes only
 once the receiver has posted the matching receive, so the send handles are kept and waited
 at the end of the training step: waiting right after each send would make two ranks that

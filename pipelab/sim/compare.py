@@ -3,7 +3,7 @@
 Every comparison here holds the *model* fixed, not the stage: a `pl.Costs` is one rank's worth
 of layers, and `simulate` divides it over a schedule's chunks (with v chunks per rank, a chunk's
 forward costs T_F/v; I, W, B likewise: costs.py). So interleaved 1F1B at p=4, m=8, v=2 and unit
-costs takes 28.5 (FORMULAS.md), against 33 for 1F1B, with the same object.
+costs takes 28.5 (docs/formulas.md), against 33 for 1F1B, with the same object.
 
     from pipelab import compare
     compare.simulate_named("interleaved-1f1b", 4, 8, pl.Costs(), chunks=2).makespan  # 28.5
