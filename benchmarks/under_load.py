@@ -10,7 +10,7 @@ the end, on an error and on Ctrl-C too.
     python benchmarks/under_load.py                          # every notebook, 5 runs, K = cores
     python benchmarks/under_load.py notebooks/05_zero_bubble.ipynb --runs 3 --busy 0
     python benchmarks/under_load.py --tests tests/test_runtime.py --runs 5
-    python benchmarks/under_load.py --nbconvert notebooks/09_tensor_and_pipeline.ipynb
+    python benchmarks/under_load.py --nbconvert notebooks/09b_tensor_and_pipeline.ipynb
 
 `--nbconvert` runs `jupyter nbconvert --execute` instead (no nbval): the way a user runs a
 notebook headless, where a cell that never returns counts as a hang at `--timeout`.

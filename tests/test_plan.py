@@ -247,7 +247,7 @@ def test_a_tensor_shard_runs_its_share_of_the_blocks_and_pays_the_all_reduces():
     slow = plan(CFG, devices=2, memory_per_device=10**12, calibration=synthetic(bandwidth=1e7),
                 batch_size=rows, schedules=["gpipe"], microbatches=[1], recompute=["none"])
     # F waits for its 2 all-reduces a block; B sums its input gradient under its W half,
-    # which is longer here (tp_overlap.py)
+    # which is longer here (sim/tensor_overlap.py)
     one_reduce = 2 * (2 - 1) / 2 * rows * CFG.seq_len * CFG.d_model * 4 / 1e7
     assert one(slow, tensor=2).step_time == pytest.approx(halves.step_time + 2 * blocks * one_reduce)
 

@@ -74,8 +74,8 @@ def test_bad_tensor_parallel_arguments_are_refused_before_any_process_starts():
 
 
 def test_in_turns_stops_the_work_at_each_pause_and_hands_back_its_result_or_error():
-    """The braided backward's mechanism (parallel/braid.py), without processes: the work runs
-    only between the generator's resumptions, and its return value / exception come back."""
+    """The braided backward's mechanism (techniques/tensor_braid.py), without processes: the work
+    runs only between the generator's resumptions, and its return value / exception come back."""
     from pipelab.techniques import tensor, tensor_braid as braid
 
     trace = []

@@ -1,5 +1,5 @@
-"""Chapter 08's cost model (parallel/vocab_study.py): the measured profile keeps its samples, and
-the simulated methods follow the closed forms the chapter states."""
+"""Chapter 08's cost model (chapters/vocabulary_parallelism.py): the measured profile keeps its
+samples, and the simulated methods follow the closed forms the chapter states."""
 from __future__ import annotations
 
 import statistics
