@@ -3,7 +3,8 @@
     config.py       ModelConfig, vocabulary shards    gpt.py        the layers, ToyGPT, layer costs
     moe.py          the mixture-of-experts MLP         weight_grad.py the Linear whose W pass waits
     data.py         corpus, tokens, batches            train.py      the single-process reference
-    memory.py       the byte model (activations, weights, optimizer); memory_moe.py its MoE part
+    memory.py       the byte model (activations, weights, optimizer); memory_moe.py its MoE part,
+                    memory_rules.py how each action kind changes a stage's live bytes
     footprint.py    a run's memory lower bound against what the machine has
 
 Imports only `pipelab.checks` and `pipelab.support`.

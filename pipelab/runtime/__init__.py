@@ -1,4 +1,4 @@
-"""The multi-process runtime: worker pool, rank executor, point-to-point, stages, results.
+"""Floor 4, the multi-process runtime: worker pool, rank executor, point-to-point, stages, results.
 
     pool.py      worker processes: spawn, pin, reap      worker.py    the worker's command loop
     cluster.py   LocalCluster: run, wait, watchdog       executor.py  one rank's actions in order
@@ -11,6 +11,7 @@
     rendezvous.py where the workers meet (this machine)  startup.py   why workers could not start
     heap.py      keep freed memory, as a caching allocator  errors.py  how a run fails
     mesh.py      the processes' (pp, dp, tp) coordinates    techniques.py  where techniques plug in
+    link.py      waiting out an emulated link (pl.Link)
 """
 from .cluster import LocalCluster
 from .errors import PipelineTimeout, WorkerError

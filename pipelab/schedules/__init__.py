@@ -1,5 +1,20 @@
-"""The schedule language: actions, kinds, schedules, the dataflow graph, validation,
-communication and the generators."""
+"""Floor 2, the schedule language: what each rank runs and in what order, as data.
+
+    actions.py     Action, Compound: the words (`1F3`)  kinds.py     action kinds and their specs
+    base.py        pl.Schedule: each rank's actions     grid.py      the step × rank grid, printed
+    graph.py       the dataflow graph and a dry run     validate.py  checks that explain themselves
+    errors.py      ScheduleError, its grid marked       comm.py      who sends what to whom, when
+    placement.py   stage → rank (loop, V)               routes.py    routes through the model
+    reductions.py  gradient sums as actions (G)         updates.py   updates and weight versions
+    steps.py       several training steps in a row      registry.py  pl.schedule: by name
+    gcpause.py     the cyclic GC paused around bulk work
+
+    generators, one file per family: gpipe.py, one_f_one_b.py, interleaved.py, zero_bubble.py,
+    zb_auto.py, dualpipe.py and chimera.py (on two_way.py), stp.py, vocab.py, pipedream.py
+
+Imports only `pipelab.checks`, `pipelab.support` and the model: a generator never imports the
+simulator (zb-auto times its candidates with a small list scheduler of its own).
+"""
 from .actions import NO_MICROBATCH, Action, Compound
 from .kinds import KIND_SPECS, KINDS, Input, KindSpec, register_kind
 from . import reductions  # noqa: F401  (registers the replica sum G)

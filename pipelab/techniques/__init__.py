@@ -1,8 +1,16 @@
-"""The neighbours of pipeline parallelism, each plugged into the runtime in one place (its
-kinds, handlers, checks and runtime hooks: runtime/techniques.py). Importing this package
-registers them all, in the order their prepare hooks run: experts first (they set the
-data-parallel degree), then data, tensor and vocabulary parallelism, recomputation, and
-weight updates inside the schedule."""
+"""Floor 5, the techniques: the neighbours of pipeline parallelism, each plugged into the
+runtime in one place (its kinds, handlers, checks and runtime hooks: runtime/techniques.py).
+
+    expert.py          experts over the dp group     expert_routing.py   routers' counts, costs
+    data_parallel.py   gradient all-reduces (AR)     tensor.py           blocks split over t ranks
+    tensor_braid.py    STP's braided steps           vocab.py            vocabulary layer shards
+    vocab_passes.py    the vocabulary passes' handlers
+    recompute.py       activation recomputation (R)  recompute_placement.py  where R goes
+    async_versions.py  weight versions on a rank (U) async_staleness.py  the one-process emulation
+
+Importing this package registers them all, in the order their prepare hooks run: experts first
+(they set the data-parallel degree), then data, tensor and vocabulary parallelism,
+recomputation, and weight updates inside the schedule."""
 from ..runtime.mesh import Mesh
 from . import expert      # noqa: F401  (the all-to-all kinds Ed and Ec; experts' hooks)
 from .data_parallel import allreduce_time, reduction_of, with_data_parallel
