@@ -21,8 +21,6 @@ from dataclasses import dataclass
 
 SETUP, RECV, RUN, SENDS, SYNC, OPTIM, DONE = range(7)
 POLL = 0.1   # seconds between the parent's reads of the board while it waits for the ranks
-STATE_NAMES = ("setting up", "receiving", "running", "waiting for sends", "at the step barrier",
-               "in the optimizer", "done")
 # The detail of a RUN state: what the action is waiting in (0: computing). A technique's code
 # that blocks inside an action marks the board with its own detail.
 IN_REDUCTION = 1           # waiting for a gradient all-reduce it launched (collectives.py)

@@ -21,7 +21,7 @@ from typing import Callable, NamedTuple
 
 from ..model import memory_rules
 from ..model.memory_rules import BYTE_RULES, FREES, FREES_BUT_STASH, FREES_STASH, KEEPS, RESTORES
-from .actions import KIND_SPECS, NO_MICROBATCH, Action
+from .actions import KIND_SPECS, Action
 
 ACTIVATION = "activation"
 INPUT_GRADIENT = "input gradient"
@@ -219,13 +219,6 @@ register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGH
 DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B", SAVED: "F"}
 
 
-def spec_of(kind: str) -> KindSpec:
-    spec = KIND_SPECS.get(kind)
-    if spec is None:
-        raise ValueError(f"unknown action kind {kind!r}; known kinds: {', '.join(KIND_SPECS)}")
-    return spec
-
-
 def comm_kinds() -> set[str]:
     """Kinds that run on a rank's communication lane, beside its compute."""
     return {k for k, spec in KIND_SPECS.items() if spec.lane == "comm"}
@@ -234,10 +227,6 @@ def comm_kinds() -> set[str]:
 def collective_kinds() -> set[str]:
     """Kinds that several ranks run together (registered with `members`)."""
     return {k for k, spec in KIND_SPECS.items() if spec.collective}
-
-
-def no_microbatch(action: Action) -> bool:
-    return action.microbatch == NO_MICROBATCH
 
 
 def gradient_passes(schedule) -> dict[tuple[int, int], str]:

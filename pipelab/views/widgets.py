@@ -89,10 +89,6 @@ def format_samples(model, prompts, n: int = 40) -> str:
     return "\n".join(blocks)
 
 
-def print_samples(model, prompts, n: int = 40) -> None:
-    print(format_samples(model, prompts, n))
-
-
 def training_widget(layers: int = 4, width: int = 64, steps: int = 100, n_heads: int = 4):
     """Sliders for depth, width and steps; a button that trains and plots the loss curve.
 
