@@ -81,8 +81,9 @@ def _free(costs, stage: int) -> float:
     return 0.0
 
 
-# Costs default to zero: give them in the table (pl.Costs(kinds={"S": ..., "T": ...})), or use
-# parallel.vocab.vocab_costs, which derives them from the model's FLOPs.
+# Costs default to zero: give them in the table (pl.Costs(kinds={"S": ..., "T": ...})). The
+# planner derives them from its calibration (planner/costs.py), chapter 08 from a measured
+# profile (chapters/vocabulary_parallelism.py).
 register_kind("S", "output-layer forward of this rank's vocabulary shard",
               inputs=_output_inputs, cost=_free, module="pipelab", role=SHARD_PASS,
               bytes=KEEPS_SHARD, colour="#8C564B", label="head fwd")
