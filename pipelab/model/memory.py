@@ -3,8 +3,9 @@
 Derived from the toy model's own operations (gpt.py), in float32, for `rows` sequences of
 `cfg.seq_len` tokens (one microbatch), and counted the way the runtime's saved-tensors meter
 counts (runtime/meter.py): each storage an autograd node saves for backward, once; parameters
-are not activations. The simulator's byte curves (recompute.simulate_bytes) and the planner
-read these numbers; the tests check them against the meter, byte for byte where they can.
+are not activations. The simulated byte curves (chapters/recomputation.py's `simulate_bytes`)
+and the planner read these numbers; the tests check them against the meter, byte for byte
+where they can.
 
 One transformer block keeps, with t = rows·seq tokens, h = d_model, f = d_ff, a = heads:
 
