@@ -5,7 +5,7 @@ weights change mid-run), so correctness is defined per update:
 
 - **stashing**: the gradient each `U` applied equals the unsplit model's gradient of the
   microbatches it covers, where each stage holds the version that microbatch's forward used —
-  the versions the run itself made (`stashed_check`);
+  the versions the run itself made (`emulate(spec, live=...)`);
 - **the update rule**: the whole run equals a one-process emulation that starts from the
   initial weights and applies the schedule's updates in a feasible order with the same rule,
   W_new = W_newest − lr · mean gradient (`emulate`). For 2BW this is W(t+1) = W(t) − ν∇f(W(t−1)).
