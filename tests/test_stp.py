@@ -8,7 +8,7 @@ import pytest
 import pipelab as pl
 from pipelab.sim.tensor_overlap import bubbles
 
-# papers/stp.md §4 (p=2, m=5), the instruction starting each step, read off the authors' order.
+# The authors' order at p=2, m=5 (their STPSchedule.generate): the instruction starting each step.
 PAPER = {0: "F F F F F FBd FW FB B FBd B FBd B B B W W B",
          1: "F F F F FF FB FB FBd B FBd B B B B B W W"}
 

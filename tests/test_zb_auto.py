@@ -31,7 +31,7 @@ def _run(p: int, m: int, costs: pl.Costs, limit: float, i_frees: float = 0.0):
     (12, pl.Costs(F=1, I=1.5, W=0.5), 7, 0.0, 40.5),      # ... only if I frees half (M_W = M_B/2)
 ])
 def test_reproduces_the_authors_runs(m, costs, limit, i_frees, span):
-    """The spans the authors' heuristic gives at p = 4 (shared/papers/zb_auto.md)."""
+    """The spans the authors' heuristic (their code, run at p = 4) gives."""
     _sched, tl = _run(4, m, costs, limit, i_frees)
     assert compare.longest_span(tl) == pytest.approx(span)
 

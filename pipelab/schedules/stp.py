@@ -13,7 +13,7 @@ A compound action is such a step: `F+B`, `F+I`, `F+F`, `F+W`. Only the standalon
 the warm-up expose their all-reduce: 2p+1 on rank 0, hence the TP bubble (2p+1)·T_AR.
 
 Placement is the V of zb-v (rank r holds stage r, "chunk 0", and stage 2p−1−r, "chunk 1").
-Rank r's order, phase by phase (papers/stp.md §3, from the authors' STPSchedule.generate):
+Rank r's order, phase by phase (read off the authors' code, STPSchedule.generate):
 
     1  2(p−r−1) × F0                                   fill the way down
     2  (r+1) × [F0, F1]                                microbatches turn at the bottom of the V
