@@ -169,7 +169,6 @@ def _torchrun(args, fail) -> int:
     import torch.distributed as dist
     import time
 
-
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dp = args.data_parallel
     if dp < 1 or world % dp:

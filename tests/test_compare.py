@@ -299,7 +299,7 @@ def test_format_table_cuts_a_long_refusal_between_words():
 
 
 def test_explorers_draw_in_the_kernel_and_wrap_refusals(monkeypatch):
-    """The 04/05 explorers (one `_slider_box`) render kernel-side (`with out:` can hang a
+    """The 04/05 explorers (one `ui.slider_box`) render kernel-side (`with out:` can hang a
     headless executor, so any use fails here) and print a refusal wrapped between words."""
     import ipywidgets as w
     import matplotlib

@@ -115,8 +115,6 @@ def _schedule(name, ranks, microbatches, **options):
 def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
     """Sliders: ranks, microbatches per update, batches. Out: the flushed 1F1B, PipeDream and
     2BW timelines (simulated, unit costs) and each stage's weight versions over time."""
-    import ipywidgets as w
-    from IPython.display import display
     import matplotlib.pyplot as plt
     controls = {"ranks": ui.slider("int", "ranks (p)", value=ranks, min=2, max=6),
                 "per": ui.slider("int", "microbatches per update (m)", value=per, min=2, max=8),
@@ -138,13 +136,7 @@ def async_explorer(ranks: int = 4, per: int = 4, batches: int = 3):
         plot_versions(tls[1:], titles=[f"{n}: weight versions per stage" for n in names[1:]])
         plt.show()
 
-    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
-    out.layout.min_height = "900px"
-    box = w.VBox(list(controls.values()) + [out])
-    box.controls, box.out = controls, out
-    display(box)
-    return box
-
+    return ui.slider_box(controls, draw, min_height="900px")
 
 
 def race(cluster, a, b, labels: tuple[str, str], rounds: int = 5, margin: float = 0.05,

@@ -10,7 +10,7 @@ from typing import Sequence
 from ..sim.compare import schedule_table
 from ..sim.costs import Costs
 from ..views import ui
-from ..views.compare import _slider_box, against_1f1b, cost_slider as slider
+from ..views.compare import against_1f1b, cost_slider as slider
 
 #: The schedules chapter 06 compares: one direction, zero bubble, and the two directions.
 NAMES = ("1f1b", "zb-h1", "zb-v", "chimera", "dualpipe", "dualpipe-v")
@@ -126,4 +126,4 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
                   f"{dualpipe_bubble(stages, F * share, I * share, W * share, 0.0 if overlap else None):.4g}"
                   f" (chunk costs; exact when F = I ≥ W and comm = 0)")
 
-    return _slider_box(controls, draw, min_height="900px")
+    return ui.slider_box(controls, draw, min_height="900px")

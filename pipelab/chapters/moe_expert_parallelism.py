@@ -134,9 +134,7 @@ def load_imbalance(routing: Routing) -> float:
 def routing_explorer(cfg: ModelConfig, rows: int = 8, expert_parallel: int = 2):
     """Sliders for experts, top-k and capacity factor: the tokens-per-expert histogram of the
     first MoE layer on a toy batch, the dropped tokens and the all-to-all volume. Displays it."""
-    import ipywidgets as w
     import matplotlib.pyplot as plt
-    from IPython.display import display
 
     inputs = toy_batch(cfg, rows)
     controls = {
@@ -160,12 +158,7 @@ def routing_explorer(cfg: ModelConfig, rows: int = 8, expert_parallel: int = 2):
               f"({r.dropped_tokens() / total:.1%}); all-to-all per forward over "
               f"{expert_parallel} processes: {all_to_all_bytes(r, cfg.d_model, expert_parallel) / 1024:.1f} KiB")
 
-    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
-    out.layout.min_height = "360px"
-    box = w.VBox(list(controls.values()) + [out])
-    box.controls, box.out = controls, out
-    display(box)
-    return box
+    return ui.slider_box(controls, draw, min_height="360px")
 
 
 def train_with_aux(cfg: ModelConfig, coefs, steps: int = 40, batch_size: int = 8,

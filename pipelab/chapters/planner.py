@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from ..planner.plan import MiB, Plan, plan
 from ..views import ui
-from ..views.compare import _slider_box
 from ..views.explorer import refusal
 
 _MARKERS = "osD^v<>P*X"
@@ -72,4 +71,4 @@ def planner_explorer(calibrate_model, *, devices: int = 4, budget_mib: float = 1
         plt.show()
         print(p.explain())
 
-    return _slider_box(controls, draw)
+    return ui.slider_box(controls, draw)

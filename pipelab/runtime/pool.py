@@ -20,7 +20,6 @@ from .startup import check_can_spawn, startup_death
 from .worker import worker_main
 
 
-
 def usable_cores() -> list[int]:
     if hasattr(os, "sched_getaffinity"):
         return sorted(os.sched_getaffinity(0))

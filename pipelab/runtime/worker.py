@@ -51,7 +51,6 @@ def worker_main(rank: int, world: int, rendezvous: str, conn, board_array, core:
     os.environ["GLOO_SOCKET_IFNAME"] = "lo"          # loopback only
     import torch
 
-
     torch.set_num_threads(1)
     pinned = _pin(core)
 

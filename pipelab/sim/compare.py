@@ -223,7 +223,6 @@ def format_table(rows: list[dict], *, per_rank: bool = False) -> str:
     return "\n".join(lines)
 
 
-
 # --- live runs: the saving the simulator predicts from measured costs ---------------------------
 
 def fit_costs(*runs) -> Costs:

@@ -82,7 +82,6 @@ def has_reductions(schedule) -> bool:
     return REDUCE in schedule.kinds()
 
 
-
 # --- in the runtime (runtime/techniques.py) ----------------------------------------------------
 def prepare_run(draft) -> bool:
     """`cluster.run(..., data_parallel=dp)`: the mesh must hold dp replicas of the pipeline,

@@ -45,7 +45,6 @@ from ..model.data import get_batch
 from ..runtime.meter import ActivationMeter
 
 
-
 @dataclass(frozen=True)
 class Policy:
     """One stage's recomputation policy; `k` only for `every-k` (keep every k-th block input)."""

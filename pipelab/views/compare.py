@@ -44,21 +44,7 @@ def plot_schedule_table(rows: list[dict], ax=None, title: str | None = None):
     return ax
 
 
-
 # --- explorers (sliders in, simulated pictures out) ----------------------------------------------
-
-def _slider_box(controls: dict, draw, min_height: str = "520px"):
-    """The controls, one per row, above an output that keeps its height while redrawn (a
-    refused setting prints one line instead of the charts: the page must not jump)."""
-    import ipywidgets as w
-    from IPython.display import display
-    out = ui.interactive_output(draw, controls)      # rendered in the kernel: no headless hang
-    out.layout.min_height = min_height
-    box = w.VBox([*controls.values(), out])
-    box.controls, box.out = controls, out
-    display(box)
-    return box
-
 
 def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2,
                           comm: float = 0.0):
@@ -92,7 +78,7 @@ def interleaving_explorer(ranks: int = 4, microbatches: int = 8, chunks: int = 2
             print("interleaving stops paying at c = "
                   + (f"{cross:.3g} × a rank's forward" if cross is not None else "> 4 (not found)"))
 
-    return _slider_box(controls, draw)
+    return ui.slider_box(controls, draw)
 
 
 ZB_NAMES = ("1f1b", "zb-h1", "zb-h2", "zb-v")
@@ -147,4 +133,4 @@ def zero_bubble_explorer(names: Sequence[str] = ZB_NAMES, ranks: int = 4, microb
               f"longest per-rank span {longest_span(tl):.4g}; "
               f"peak activations {max(peaks.values()):.3g} (1F1B {max(base.peak_activations().values()):.3g})")
 
-    return _slider_box(controls, draw)
+    return ui.slider_box(controls, draw)

@@ -357,7 +357,6 @@ def _draw_frame(box, t: float) -> None:
     lit or in flight changed since the last frame, then draw the cursors and markers over."""
     import html
 
-
     text = [f"<b>t = {t * plots._time_scale(box.timelines[0])[0]:.4g} {box.unit}</b>"]
     state = []
     for i, tl in enumerate(box.timelines):

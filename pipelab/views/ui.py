@@ -203,6 +203,21 @@ def interactive_output(function, controls: dict):
     return out
 
 
+def slider_box(controls: dict, draw, min_height: str = "520px"):
+    """Show the controls, one per row, above an output that `draw(**values)` fills now and at
+    every move (rendered in the kernel: no headless hang). The output keeps its height while it
+    is redrawn (a refused setting prints one line instead of the charts: the page must not
+    jump). Returns the box; `box.controls` and `box.out` are for tests."""
+    import ipywidgets as w
+    from IPython.display import display
+    out = interactive_output(draw, controls)
+    out.layout.min_height = min_height
+    box = w.VBox([*controls.values(), out])
+    box.controls, box.out = controls, out
+    display(box)
+    return box
+
+
 @functools.cache
 def _interactive_class():
     import ipywidgets as w
