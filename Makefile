@@ -24,9 +24,11 @@ lab: $(STAMP)
 
 test: unit notebooks
 
-# Unit, multi-process and browser tests.
+# Unit, multi-process and browser tests: on two workers, a whole test file per worker (its
+# module-scoped clusters stay shared), then the wall-clock comparisons alone.
 unit: $(STAMP)
-	PIPELAB_CI=1 $(BIN)/pytest -rs tests
+	PIPELAB_CI=1 $(BIN)/pytest -rs -n 2 --dist loadfile -m "not timing" tests
+	PIPELAB_CI=1 $(BIN)/pytest -rs -m timing tests
 
 # Every notebook top to bottom, serially (nbval -n 2 would split a notebook across workers).
 notebooks: $(STAMP)

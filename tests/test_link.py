@@ -103,6 +103,7 @@ def test_bad_link_is_refused_before_any_worker_starts():
 TINY = pl.ModelConfig(n_layers=4, d_model=16, n_heads=2, seq_len=8)
 
 
+@pytest.mark.timing
 def test_gpipe_against_1f1b_on_a_20ms_link_measures_what_the_simulator_says(clusters):
     cluster = clusters(4)
     m = 4
