@@ -29,6 +29,7 @@ from .validate import ScheduleError, validate
 # Generators register themselves on import.
 from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream, stp, v_shape, vocab,
                zero_bubble, zb_auto)
+from . import vocab_vhalf  # noqa: F401  (v-half-vocab: vocabulary passes on V-Half)
 
 __all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
            "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",
