@@ -1,6 +1,6 @@
 """Vocabulary parallelism on V-Half: `v-half-vocab` (Yeung et al., MLSys 2025, its second
-algorithm; the authors' code is branch `v-half-vocab` of sail-sg/zero-bubble-pipeline-parallelism,
-`zbv_greedy.py` and `passes.py`).
+algorithm; the authors' code is branch `v-half-vocab` of
+sail-sg/zero-bubble-pipeline-parallelism, `zbv_greedy.py` and `passes.py`).
 
 On 1F1B (`vocab-1`, `vocab-2`) the transformer activations stay unbalanced: rank r holds
 p+1−r or p+2−r microbatches. V-Half already balances them (every rank holds ⌊(p+2)/2⌋, the V's
