@@ -80,13 +80,15 @@ def main() -> None:
           f"{'measured at p=2':>18}{'spread':>8}{'exact':>7}")
     for p in (2, 4, 8):
         for row in vs.method_table(prof, p, 2 * p + 2, args.blocks_per_rank, methods=vocab):
-            peaks, spread = " ".join(f"{x:g}" for x in row["peaks"]), max(row["peaks"]) - min(row["peaks"])
-            line = f"{row['method']:15}{p:>3}  {peaks:34}{spread:7g}{row['timeline'].bubble_fraction():8.1%}"
+            sim = row["peaks"]
+            peaks, bubble = " ".join(f"{x:g}" for x in sim), row["timeline"].bubble_fraction()
+            line = f"{row['method']:15}{p:>3}  {peaks:34}{max(sim) - min(sim):7g}{bubble:8.1%}"
             if p == 2:
                 got = [live[-1][row["method"]].peak_activations[r] / 2**20 for r in range(2)]
                 exact = all(r[row["method"]].max_grad_error <= 1e-5 for r in live)
-                line += (f"{' '.join(f'{x:.2f}' for x in got):>18}{(max(got) - min(got)) / one:7.2f}u"
-                         f"{'yes' if exact else 'NO':>7}")
+                shown = " ".join(f"{x:.2f}" for x in got)
+                spread = (max(got) - min(got)) / one
+                line += f"{shown:>18}{spread:7.2f}u{'yes' if exact else 'NO':>7}"
             print(line)
 
     paper_like = replace(prof, head=PAPER_HEAD_IN_LAYERS * prof.block,
