@@ -22,7 +22,8 @@ rank must hide (Vocab-1: two, so rank r holds p+2−r microbatches; Vocab-2: one
 output-layer step of microbatch i is `T(i−1) S(i)` then its barrier(s); on every rank it goes
 at the first action boundary after X_i exists, read off a unit-cost timing (F=1, B=2, the
 constants the authors' scripts use); Vf(i) goes just before rank 0 needs it, Vb(i) just after
-rank 0's backward of i.
+rank 0's backward of i. `weave` does this for any base order with the extra microbatches already
+in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
 """
 from __future__ import annotations
 
