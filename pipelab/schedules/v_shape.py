@@ -84,6 +84,19 @@ def _rank_actions(rank: int, ranks: int, plan: Plan) -> list[Action]:
     return acts + list(owed[up]) + list(owed[down])
 
 
+def block_actions(ranks: int, microbatches: int, block_of: Callable,
+                  squeezed: bool = True) -> list[list[Action]]:
+    """Each rank's actions: the block repeated, W's in its holes, and (if `squeezed`) the
+    paper's squeeze, twice: with the W's in place (warm-up and cool-down), then without them
+    (cool-down only), the W's going back into whatever holes are left."""
+    plans = _block_plans(ranks, microbatches, block_of)
+    if squeezed:
+        plans = squeeze([put_w_in_holes(plan) for plan in plans], warmup=True)
+        plans = squeeze([{name: plan[name] for name in PASSES[:4]} for plan in plans],
+                        warmup=False)
+    return [_rank_actions(rank, ranks, plans[rank]) for rank in range(ranks)]
+
+
 def _v_schedule(name: str, ranks: int, microbatches: int, chunks: int,
                 block_of: Callable[[int], list[tuple[int, int, int, int]]]) -> Schedule:
     if chunks != 2:
@@ -92,13 +105,8 @@ def _v_schedule(name: str, ranks: int, microbatches: int, chunks: int,
     if ranks < 2:
         raise ValueError(f"{name} needs ranks >= 2 (a V folds the model over at least two "
                          f"ranks), got ranks={ranks}")
-    plans = _block_plans(ranks, microbatches, block_of)
-    # The paper's squeeze, twice: with the W's in place (warm-up and cool-down), then without
-    # them (cool-down only), the W's going back into whatever holes are left.
-    plans = squeeze([put_w_in_holes(plan) for plan in plans], warmup=True)
-    plans = squeeze([{name: plan[name] for name in PASSES[:4]} for plan in plans], warmup=False)
-    actions = [_rank_actions(rank, ranks, plans[rank]) for rank in range(ranks)]
-    return Schedule(actions, placement=v_placement(ranks), microbatches=microbatches, name=name)
+    return Schedule(block_actions(ranks, microbatches, block_of), placement=v_placement(ranks),
+                    microbatches=microbatches, name=name)
 
 
 @register("v-half")
