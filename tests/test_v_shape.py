@@ -130,3 +130,19 @@ def test_live_runs_are_exact_and_v_min_holds_less(clusters):
             assert [e.action for e in res.timeline.events_of(rank)] == sched.actions[rank]
         peaks[name] = res.peak_activations
     assert peaks["v-min"][0] < peaks["v-half"][0]
+
+
+def test_memory_bubble_table_puts_the_closed_forms_beside_the_simulation():
+    from pipelab.views.memory_bubble import memory_bubble_table, plot_memory_bubble
+    rows = {r["name"]: r for r in memory_bubble_table(4, 8)}
+    for r in rows.values():
+        assert r["peak"] == r["closed_peak"], r
+    assert rows["1f1b"]["bubble"] == pytest.approx(3 / 11) == rows["1f1b"]["closed_bubble"]
+    assert rows["zb-v"]["bubble"] == 0 and rows["zb-h1"]["bubble"] == pytest.approx(3 / 27)
+    # V-Half and V-Min at or below the README's approximate forms
+    for name in ("v-half", "v-min"):
+        assert 0 < rows[name]["bubble"] <= rows[name]["closed_bubble"]
+    uneven = {r["name"]: r for r in memory_bubble_table(4, 8, pl.Costs(F=1, I=1.5, W=0.5))}
+    assert uneven["v-half"]["closed_bubble"] is None and uneven["zb-h1"]["closed_bubble"] is not None
+    ax = plot_memory_bubble(list(rows.values()))
+    assert "simulated" in ax.get_title()

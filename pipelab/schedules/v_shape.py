@@ -65,8 +65,9 @@ def _block_plans(ranks: int, microbatches: int, block_of: Callable) -> list[Plan
 
 
 def _rank_actions(rank: int, ranks: int, plan: Plan) -> list[Action]:
-    """The rank's actions in slot order; each hole runs an owed W, chunk 1's first (its
-    activations came last and free the rank for the next forward), as the authors do."""
+    """The rank's actions in slot order; each hole runs an owed W, chunk 1's first as the
+    authors' generator does (in these blocks one chunk at most is owed a W at a hole, as far
+    as tests/test_v_shape.py looks: the other order gives the same schedules there)."""
     down, up = rank, 2 * ranks - 1 - rank
     makers = {"F0": (F, down), "F1": (F, up), "I1": (I, up), "I0": (I, down)}
     slots = {slot: make(stage, mb) for name, (make, stage) in makers.items()
