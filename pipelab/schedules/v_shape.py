@@ -13,20 +13,22 @@ block tighter shortens the lifespan:
     V-Half       2r           3p − r − 2      3p + g + 2r − 1       6p + g − r − 2     g = 3 if p even else 0
     V-Min        r            2p − r − 1      2p + g + r            4p + g − r − 1     g = 2 if 3 | p else 0
 
-The down-going forward steps two slots a rank in V-Half (one in V-Min); each rank's two chunks
-together live about 6p·½ (V-Half) or 4p·⅓ (V-Min) of the steady interval, the same on every rank:
+The down-going forward steps two slots a rank in V-Half (one in V-Min). A rank's two chunks
+together live 6p + 2g − 1 slots in V-Half (4p + 2g in V-Min), the same on every rank; at one
+block per 6 slots that is about p (2p/3) chunk forwards held at once, half a rank's layers each:
 the peak is ⌊(p+2)/2⌋ or ⌊(p+4)/3⌋ microbatches of a rank's layers, balanced. (`g` keeps two
-blocks from claiming one slot.) Each W fills the first free slot after its I, the I's of the
-older microbatch first. Repeating the block every 6 slots for m microbatches and reading each
-rank's slots in order gives its action list; the simulator (and a live run) then starts each
-action as soon as its inputs arrive — the paper's "squeeze", which closes the warm-up gaps.
+blocks from claiming one slot.) Repeating the block every 6 slots for m microbatches, with each
+W in the first free slot after its I, leaves holes in the warm-up and cool-down; the paper's
+squeeze (v_squeeze.py) pulls those actions earlier without raising any rank's peak. Each rank's
+slots, in order, are its action list; the simulator (and a live run) starts each action as soon
+as its inputs arrive. Slot for slot this is the authors' generator: their bubbles at p = 2, 4, 8
+and four F:I:W ratios come out exactly (tests/test_v_shape.py).
 
 Units: the simulator counts activations in a rank's worth of layers; a chunk is half of it, so
-one chunk forward adds ½. Bubble at F = I = W: V-Half leaves about half of 1F1B's, V-Min about
-two thirds (the README's table); V-Half has no bubble in its steady state when W + 2I ≥ 2F and
-W + 2F ≥ 2I (the paper's condition, our I being its B). Unlike the authors' greedy pass we do not
-move warm-up and cool-down actions into earlier free slots; the bubble is therefore a little
-above theirs at small m (tests/test_v_shape.py pins ours).
+one chunk forward adds ½ and the peaks above are whole or half microbatches. Bubble at
+F = I = W: V-Half leaves about half of 1F1B's, V-Min about two thirds (the authors' README);
+V-Half's steady state has no bubble when W + 2I ≥ 2F and W + 2F ≥ 2I (the paper's condition,
+our I being its B), V-Min's only when F = I = W.
 """
 from __future__ import annotations
 
@@ -37,6 +39,7 @@ from .actions import F, I, W, Action
 from .base import Schedule
 from .placement import v_placement
 from .registry import register
+from .v_squeeze import PASSES, Plan, put_w_in_holes, squeeze
 
 INTERVAL = 6        # slots between one microbatch's block and the next: 2 F, 2 I, 2 W per rank
 
@@ -55,27 +58,44 @@ def v_min_block(ranks: int) -> list[tuple[int, int, int, int]]:
     return [(r, 2 * p - r - 1, 2 * p + gap + r, 4 * p + gap - r - 1) for r in range(p)]
 
 
-def _rank_actions(rank: int, ranks: int, microbatches: int,
-                  block: tuple[int, int, int, int]) -> list[Action]:
-    """Repeat the rank's block every INTERVAL slots, then put each owed W in the next free slot."""
+def _block_plans(ranks: int, microbatches: int, block_of: Callable) -> list[Plan]:
+    """Each rank's block repeated every INTERVAL slots, one list of slots per pass."""
+    return [{name: [offset + INTERVAL * mb for mb in range(microbatches)]
+             for name, offset in zip(PASSES, block)} for block in block_of(ranks)]
+
+
+def _rank_actions(rank: int, ranks: int, plan: Plan) -> list[Action]:
+    """The rank's actions in slot order; each hole runs an owed W, chunk 1's first as the
+    authors' generator does (in these blocks one chunk at most is owed a W at a hole, as far
+    as tests/test_v_shape.py looks: the other order gives the same schedules there)."""
     down, up = rank, 2 * ranks - 1 - rank
-    makers = (F, F, I, I)
-    stages = (down, up, up, down)
-    slots: dict[int, Action] = {}
-    for mb in range(microbatches):
-        for offset, make, stage in zip(block, makers, stages):
-            slots[offset + INTERVAL * mb] = make(stage, mb)
+    makers = {"F0": (F, down), "F1": (F, up), "I1": (I, up), "I0": (I, down)}
+    slots = {slot: make(stage, mb) for name, (make, stage) in makers.items()
+             for mb, slot in enumerate(plan[name])}
     acts: list[Action] = []
-    owed: deque[Action] = deque()
+    owed: dict[int, deque[Action]] = {up: deque(), down: deque()}
     for slot in range(max(slots) + 1):
         action = slots.get(slot)
         if action is not None:
             acts.append(action)
             if action.kind == "I":
-                owed.append(W(action.stage, action.microbatch))
-        elif owed:                          # a hole in the block: the oldest owed W fills it
-            acts.append(owed.popleft())
-    return acts + list(owed)
+                owed[action.stage].append(W(action.stage, action.microbatch))
+        elif owed[up] or owed[down]:
+            acts.append((owed[up] or owed[down]).popleft())
+    return acts + list(owed[up]) + list(owed[down])
+
+
+def block_actions(ranks: int, microbatches: int, block_of: Callable,
+                  squeezed: bool = True) -> list[list[Action]]:
+    """Each rank's actions: the block repeated, W's in its holes, and (if `squeezed`) the
+    paper's squeeze, twice: with the W's in place (warm-up and cool-down), then without them
+    (cool-down only), the W's going back into whatever holes are left."""
+    plans = _block_plans(ranks, microbatches, block_of)
+    if squeezed:
+        plans = squeeze([put_w_in_holes(plan) for plan in plans], warmup=True)
+        plans = squeeze([{name: plan[name] for name in PASSES[:4]} for plan in plans],
+                        warmup=False)
+    return [_rank_actions(rank, ranks, plans[rank]) for rank in range(ranks)]
 
 
 def _v_schedule(name: str, ranks: int, microbatches: int, chunks: int,
@@ -86,9 +106,8 @@ def _v_schedule(name: str, ranks: int, microbatches: int, chunks: int,
     if ranks < 2:
         raise ValueError(f"{name} needs ranks >= 2 (a V folds the model over at least two "
                          f"ranks), got ranks={ranks}")
-    blocks = block_of(ranks)
-    actions = [_rank_actions(rank, ranks, microbatches, blocks[rank]) for rank in range(ranks)]
-    return Schedule(actions, placement=v_placement(ranks), microbatches=microbatches, name=name)
+    return Schedule(block_actions(ranks, microbatches, block_of), placement=v_placement(ranks),
+                    microbatches=microbatches, name=name)
 
 
 @register("v-half")
