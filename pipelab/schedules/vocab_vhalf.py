@@ -25,17 +25,17 @@ from .v_shape import INTERVAL, block_actions, v_half_block
 from .vocab import UNIT, weave
 
 
-def widened_v_half_block(ranks: int, barriers: int) -> list[tuple[int, int, int, int]]:
-    """V-Half's block with each input gradient `barriers` intervals later (the authors'
-    `interval += 6` per barrier): one more microbatch in flight on every rank per barrier."""
-    late = INTERVAL * barriers
+def widened_v_half_block(ranks: int, intervals: int) -> list[tuple[int, int, int, int]]:
+    """V-Half's block with each input gradient `intervals` intervals later (the authors add one,
+    `interval += 6`, per barrier): one more microbatch in flight on every rank per interval."""
+    late = INTERVAL * intervals
     return [(f0, f1, i1 + late, i0 + late) for f0, f1, i1, i0 in v_half_block(ranks)]
 
 
 def build(ranks: int, microbatches: int, barriers: int = 1, widen: int | None = None) -> Schedule:
     """`v-half-vocab`'s order with the block widened by `widen` intervals (default: one per
     barrier, the authors' choice); less hides less of the barriers' time, at a microbatch less
-    memory per interval (the trade the notebook shows)."""
+    memory per interval (tests/test_vocab_vhalf.py checks the trade at p = 3)."""
     widen = barriers if widen is None else widen
     # Not squeezed: the authors' v-half-vocab branch turns the reordering off (do_reorder=False)
     # and places the passes on the block's own slots. (Squeezed first, our simulator keeps every
