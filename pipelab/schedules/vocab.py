@@ -186,8 +186,8 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     for r in range(p):
         own, out, k = base.actions[r], [], 0
         mine = base.stages_of(r)[0]
-        for due, items in groups:      # at rank r's first action boundary at or after `due`
-            while k < len(own) and when[own[k]][0] < due:
+        for at, items in groups:       # at rank r's first action boundary at or after `at`
+            while k < len(own) and when[own[k]][0] < at:
                 out.append(own[k])
                 k += 1
             for kind, i in items:
