@@ -4,6 +4,9 @@
     redistribution  1F1B, the layer split that balances measured layer times (fewer blocks
                     where the embedding and the head sit): a layout string like "E+t*3|t+L"
     vocab-1/2       1F1B with the vocabulary layers sharded over every rank (schedules/vocab.py)
+    v-half-vocab    V-Half with them (schedules/vocab_vhalf.py): two stages per rank, the V's
+                    chunks, so transformer memory is balanced too; not among the four METHODS
+                    the explorer draws, but every function here takes it (ALL_METHODS)
 
 `VocabProfile.measure` times one block, the embedding and the head (forward + backward, CPU
 time, one process) and the output layer's S and T passes over the whole vocabulary; a shard of
@@ -32,13 +35,16 @@ from ..views import ui
 from ..runtime.meter import ActivationMeter
 
 METHODS = ("baseline", "redistribution", "vocab-1", "vocab-2")
+VHALF = "v-half-vocab"
+ALL_METHODS = METHODS + (VHALF,)
+SHARDED = frozenset({"vocab-1", "vocab-2", VHALF})     # the vocabulary over every rank
 # Colours for the vocabulary kinds in every Gantt chart (plots.KIND_COLOURS is the shared table).
 VOCAB_COLOURS = {"S": "#8C564B", "T": "#E377C2", "C": "#7F7F7F", "Cs": "#7F7F7F",
                  "Ct": "#595959", "Vf": "#17BECF", "Vb": "#BCBD22"}
 for _kind, _colour in VOCAB_COLOURS.items():
     KIND_COLOURS.setdefault(_kind, _colour)
 SCHEDULE_OF = {"baseline": "1f1b", "redistribution": "1f1b", "vocab-1": "vocab-1",
-               "vocab-2": "vocab-2"}
+               "vocab-2": "vocab-2", VHALF: VHALF}
 BYTES = 4          # float32
 
 
@@ -113,22 +119,33 @@ def model_for(cfg: ModelConfig, ranks: int, blocks_per_rank: int) -> ModelConfig
 
 def bounds_for(profile: VocabProfile, method: str, ranks: int,
                blocks_per_rank: int) -> list[tuple[int, int]]:
-    """Layer ranges per stage: blocks evenly (embedding first, head last), or balanced."""
+    """Layer ranges per stage: blocks evenly (embedding first, head last), or balanced.
+    V-Half's 2·ranks stages hold half a rank's blocks each."""
     n = ranks * blocks_per_rank
     if method == "redistribution":
         return balanced_bounds([profile.embed] + [profile.block] * n + [profile.head], ranks)
-    cuts = [0] + [1 + blocks_per_rank * (r + 1) for r in range(ranks - 1)] + [n + 2]
+    stages, per_stage = ranks, blocks_per_rank
+    if method == VHALF:
+        if blocks_per_rank % 2:
+            raise ValueError(f"blocks_per_rank must be even for {VHALF} (its two stages per "
+                             f"rank hold half of them each), got {blocks_per_rank}")
+        stages, per_stage = 2 * ranks, blocks_per_rank // 2
+    cuts = [0] + [1 + per_stage * (s + 1) for s in range(stages - 1)] + [n + 2]
     return list(zip(cuts[:-1], cuts[1:]))
+
+
+def _stages_by_rank(placement, ranks: int) -> list[list[int]]:
+    return [[s for s, owner in enumerate(placement) if owner == r] for r in range(ranks)]
 
 
 def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
          blocks_per_rank: int, barrier: float = 0.0) -> tuple[Schedule, Costs, list]:
     """The schedule, its cost table (F : B = 1 : 2 within each layer's time) and the bounds."""
-    if method not in METHODS:
-        raise ValueError(f"method must be one of {', '.join(METHODS)}, got {method!r}")
+    if method not in ALL_METHODS:
+        raise ValueError(f"method must be one of {', '.join(ALL_METHODS)}, got {method!r}")
     bounds = bounds_for(profile, method, ranks, blocks_per_rank)
     last = ranks * blocks_per_rank + 1
-    sharded = method.startswith("vocab")
+    sharded = method in SHARDED
 
     def stage_time(a: int, b: int) -> float:
         total = 0.0
@@ -150,35 +167,39 @@ def plan(profile: VocabProfile, method: str, ranks: int, microbatches: int,
 
 
 def memory_bytes(profile: VocabProfile, method: str, ranks: int, blocks_per_rank: int,
-                 bounds, peaks: dict[int, float]) -> list[int]:
+                 bounds, peaks: dict[int, float], placement=None) -> list[int]:
     """Per rank: parameters (float32) plus the activations at the peak: blocks in flight × the
     block's bytes, the head's log-softmax for one microbatch on the head's rank, or
     each rank's softmax shard and X copy under vocabulary parallelism. (The head keeps one
-    n × V table for its backward, the log-softmax: what the activation meter measures.)"""
+    n × V table for its backward, the log-softmax: what the activation meter measures.)
+    `placement`: each stage's rank (default: stage r on rank r); `peaks` count microbatches
+    of all of a rank's blocks, as the simulator does."""
     cfg = model_for(profile.cfg, ranks, blocks_per_rank)
     n = profile.rows * cfg.seq_len
     layers = layer_costs(cfg)
-    sharded = method.startswith("vocab")
+    sharded = method in SHARDED
     vocab = parameter_bytes(cfg, ranks, sharded)
     out = []
-    for r, (a, b) in enumerate(bounds):
-        blocks = sum(1 for i in range(a, b) if 0 < i < cfg.total_layers - 1)
-        params = sum(layers[i]["params"] for i in range(a, b) if 0 < i < cfg.total_layers - 1)
-        acts = peaks[r] * blocks * profile.block_bytes
+    for r, stages in enumerate(_stages_by_rank(placement or range(ranks), ranks)):
+        mine = [i for s in stages for i in range(*bounds[s])]
+        blocks = [i for i in mine if 0 < i < cfg.total_layers - 1]
+        params = sum(layers[i]["params"] for i in blocks)
+        acts = peaks[r] * len(blocks) * profile.block_bytes
         if sharded:
             rows = vocab[r] // (BYTES * cfg.d_model * (1 if cfg.tie_embeddings else 2))
             acts += n * (rows + cfg.d_model) * BYTES
-        elif b == cfg.total_layers:
+        elif cfg.total_layers - 1 in mine:
             acts += n * cfg.vocab_size * BYTES
         out.append(int(params * BYTES + vocab[r] + acts))
     return out
 
 
 def method_table(profile: VocabProfile, ranks: int, microbatches: int,
-                 blocks_per_rank: int, barrier: float = 0.0) -> list[dict]:
-    """Simulated step time, per-rank busy time and memory of the four methods."""
+                 blocks_per_rank: int, barrier: float = 0.0, methods=METHODS) -> list[dict]:
+    """Simulated step time, per-rank busy time, activation peaks (microbatches of a rank's
+    blocks) and memory of the four methods (or `methods`, the first being the reference)."""
     rows = []
-    for method in METHODS:
+    for method in methods:
         sched, costs, bounds = plan(profile, method, ranks, microbatches, blocks_per_rank,
                                     barrier)
         tl = simulate(sched, costs, source="simulated")
@@ -186,8 +207,9 @@ def method_table(profile: VocabProfile, ranks: int, microbatches: int,
         busy = tl.busy()
         rows.append(dict(method=method, ranks=ranks, step=tl.makespan, timeline=tl,
                          busy=[busy[r] for r in range(ranks)], bounds=bounds,
+                         peaks=[peaks[r] for r in range(ranks)],
                          memory=memory_bytes(profile, method, ranks, blocks_per_rank, bounds,
-                                             peaks)))
+                                             peaks, sched.placement)))
     base = rows[0]["step"]
     for row in rows:
         row["speedup"] = base / row["step"]
@@ -236,9 +258,10 @@ def measured_rows(runs: dict, profile: VocabProfile, blocks_per_rank: int) -> li
         ranks = res.schedule.ranks
         cfg = model_for(profile.cfg, ranks, blocks_per_rank)
         layers = layer_costs(cfg)
-        vocab = parameter_bytes(cfg, ranks, method.startswith("vocab"))
-        params = [sum(layers[i]["params"] for i in range(a, b) if 0 < i < cfg.total_layers - 1)
-                  * BYTES + vocab[r] for r, (a, b) in enumerate(res.spec.bounds)]
+        vocab = parameter_bytes(cfg, ranks, method in SHARDED)
+        params = [sum(layers[i]["params"] for s in stages for i in range(*res.spec.bounds[s])
+                      if 0 < i < cfg.total_layers - 1) * BYTES + vocab[r]
+                  for r, stages in enumerate(_stages_by_rank(res.schedule.placement, ranks))]
         busy = res.replay.busy()
         rows.append(dict(method=method, ranks=ranks, step=res.replay.makespan,
                          measured=res.timeline.makespan, timeline=res.replay,

@@ -10,7 +10,8 @@
     gcpause.py     the cyclic GC paused around bulk work
 
     generators, one file per family: gpipe.py, one_f_one_b.py, interleaved.py, zero_bubble.py,
-    zb_auto.py, dualpipe.py and chimera.py (on two_way.py), stp.py, vocab.py, pipedream.py
+    zb_auto.py, v_shape.py (V-Half, V-Min), dualpipe.py and chimera.py (on two_way.py), stp.py,
+    vocab.py, pipedream.py
 
 Imports only `pipelab.checks`, `pipelab.support` and the model: a generator never imports the
 simulator (zb-auto times its candidates with a small list scheduler of its own).
@@ -26,8 +27,9 @@ from .graph import execution_order, timed_run
 from .validate import ScheduleError, validate
 
 # Generators register themselves on import.
-from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream, stp, vocab,
+from . import (chimera, dualpipe, gpipe, interleaved, one_f_one_b, pipedream, stp, v_shape, vocab,
                zero_bubble, zb_auto)
+from . import vocab_vhalf  # noqa: F401  (v-half-vocab: vocabulary passes on V-Half)
 
 __all__ = ["NO_MICROBATCH", "Action", "Compound", "KIND_SPECS", "KINDS", "Input", "KindSpec",
            "register_kind", "Step", "Transfer", "comm_plan", "loop_placement", "v_placement",

@@ -22,7 +22,8 @@ rank must hide (Vocab-1: two, so rank r holds p+2−r microbatches; Vocab-2: one
 output-layer step of microbatch i is `T(i−1) S(i)` then its barrier(s); on every rank it goes
 at the first action boundary after X_i exists, read off a unit-cost timing (F=1, B=2, the
 constants the authors' scripts use); Vf(i) goes just before rank 0 needs it, Vb(i) just after
-rank 0's backward of i.
+rank 0's backward of i. `weave` does this for any base order with the extra microbatches already
+in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
 """
 from __future__ import annotations
 
@@ -118,60 +119,89 @@ def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
     return acts + [B(rank, i) for i in range(m - warmup, m)]
 
 
-def _unit_starts(actions: list[list[Action]], m: int) -> dict[Action, tuple[float, float]]:
-    """(start, end) of each action with F=1, B=2, the constants the authors place S with (timed
-    along the schedule's own dataflow graph: a generator does not need the simulator)."""
-    base = Schedule(actions, tuple(range(len(actions))), m, name="1f1b+warm-up")
-    unit = {"F": 1.0, "B": 2.0}
+# The unit costs the passes are placed with: the constants of the authors' scripts (F=1, B=2),
+# a split backward's halves one each (their V-shape patterns give F, B and W one slot each).
+UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+
+
+def unit_times(base: Schedule) -> dict[Action, tuple[float, float]]:
+    """(start, end) of each action of `base` on unit costs (timed along the schedule's own
+    dataflow graph: a generator does not need the simulator)."""
     return {step: (start, end) for _, step, start, end
-            in timed_run(execution_order(base), lambda a: unit[a[1]])}
+            in timed_run(execution_order(base), lambda a: UNIT[a[1]])}
+
+
+def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> Schedule:
+    """`base` (forwards and backwards only, every rank already holding one more microbatch per
+    barrier) with the vocabulary passes woven in; `barriers` is 2 (C0 and C1) or 1 (fused C).
+
+    Each pass goes on every rank at the rank's first action boundary at or after a due time,
+    read off `base` on unit costs. The output-layer step of microbatch i, `T(i−1) S(i)` and its
+    barrier(s), is due `delay` after X_i exists. Vf(j) goes with the last step at least one
+    period (a rank's unit work per microbatch) before stage 0's forward of j, or first of all;
+    Vb(i) with the first step after stage 0's input gradient of i, or at the very end. S and T
+    run on each rank's first stage, the barriers are written on the last stage, the embedding
+    collectives on stage 0."""
+    p, m, last = base.ranks, base.microbatches, base.stages - 1
+    when = unit_times(base)
+    period = sum(UNIT[a[1]] for a in base.actions[0]) / m
+    # The last stage's backward of i waits for its barrier (with two, T(i)'s C1 too), hence for
+    # S(i) on every rank: nothing may be due after that backward starts, or the ranks deadlock.
+    grad = [when[base.input_grad_action(last, i)][0] for i in range(m)]
+    due = [min(when[F(last, i)][1] + delay, grad[i]) for i in range(m)]
+    steps = [[("S", i), ("Cs" if barriers == 2 else "C", i)] for i in range(m)]
+    # T(i) (and its C1) is due with the next step; with two barriers no later than the last
+    # stage's backward of i, and the last one a backward ahead of the last (in the cool-down;
+    # right after S it would wait for C0 with nothing to hide it). With one, the last T ends
+    # the step.
+    if barriers == 2:
+        t_due = [min(due[i + 1] if i + 1 < m else max(grad[max(m - 2, 0)], due[-1]), grad[i])
+                 for i in range(m)]
+    else:
+        t_due = due[1:] + [float("inf")]
+    groups = []
+    for i in range(m):
+        t_items = [("T", i)] + [("Ct", i)] * (barriers == 2)
+        if i + 1 < m and t_due[i] == due[i + 1]:    # one lm-head step: T(i) S(i+1), barriers
+            steps[i + 1][:0] = t_items[:1]
+            steps[i + 1][2:2] = t_items[1:]
+        else:
+            groups.append((t_due[i], (i + 1, 0), t_items))
+    # The embedding collectives ride along (every rank reaches a step at about the same time).
+    lookups: dict[int, list] = {}
+    ending = []
+    for j in range(m):
+        earlier = [i for i in range(m) if due[i] + period <= when[F(0, j)][0]]
+        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Vf", j))
+        later = [i for i in range(m) if due[i] >= when[base.input_grad_action(0, j)][1]]
+        (steps[later[0]] if later else ending).append(("Vb", j))
+    opening = lookups.pop(-1, [])
+    for i, items in lookups.items():
+        steps[i][:0] = items
+    groups += [(due[i], (i, 1), steps[i]) for i in range(m)]
+    groups = [(0.0, opening)] + [(d, items) for d, _, items in sorted(groups)] + \
+        [(float("inf"), ending)]
+
+    actions = []
+    for r in range(p):
+        own, out, k = base.actions[r], [], 0
+        mine = base.stages_of(r)[0]
+        for at, items in groups:       # at rank r's first action boundary at or after `at`
+            while k < len(own) and when[own[k]][0] < at:
+                out.append(own[k])
+                k += 1
+            for kind, i in items:
+                stage = mine if kind in ("S", "T") else (0 if kind in ("Vf", "Vb") else last)
+                out.append(Action(stage, kind, i))
+        actions.append(out + list(own[k:]))
+    return Schedule(actions, base.placement, m, name=name or base.name)
 
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
     """1F1B with the vocabulary passes woven in; `barriers` is 2 (Vocab-1) or 1 (Vocab-2)."""
-    p, m, last = ranks, microbatches, ranks - 1
-    base = [_one_f_one_b(r, p, m, extra=barriers) for r in range(p)]
-    when = _unit_starts(base, m)
-    x_ready = [when[F(last, i)][1] for i in range(m)]
-
-    # The output-layer step of microbatch i: T(i−1) S(i), then the barrier(s).
-    steps = []
-    for i in range(m):
-        reduce = [("Ct", i - 1)] * (i > 0) + [("Cs", i)] if barriers == 2 else [("C", i)]
-        steps.append([("T", i - 1)] * (i > 0) + [("S", i)] + reduce)
-    # The embedding collectives ride along (every rank reaches a step at about the same time):
-    # Vf(j) with the last step at least one period (F+B) before rank 0's F(j), or first of
-    # all; Vb(i) with the first step after rank 0's B(i), or at the very end.
-    opening, closing, ending = [], [("T", m - 1)] + [("Ct", m - 1)] * (barriers == 2), []
-    lookups: dict[int, list] = {}
-    for j in range(m):
-        earlier = [i for i in range(m) if x_ready[i] + 3 <= when[F(0, j)][0]]
-        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Vf", j))
-        later = [i for i in range(m) if x_ready[i] >= when[B(0, j)][1]]
-        (steps[later[0]] if later else ending).append(("Vb", j))
-    opening += lookups.pop(-1, [])
-    for i, items in lookups.items():
-        steps[i][:0] = items
-    # Vocab-1's last C1 is needed before the last B: its T goes into the cool-down, one B
-    # ahead (right after S, T would wait for C0 with nothing to hide it). Vocab-2's last T
-    # can wait for the end.
-    tail = when[B(last, max(m - 2, 0))][0] if barriers == 2 else float("inf")
-    groups = [(0.0, opening)] + list(zip(x_ready, steps)) + \
-        [(max(tail, x_ready[-1]), closing), (float("inf"), ending)]
-
-    actions = []
-    for r in range(p):
-        own, out, k = base[r], [], 0
-        for due, items in groups:      # at rank r's first action boundary at or after `due`
-            while k < len(own) and when[own[k]][0] < due:
-                out.append(own[k])
-                k += 1
-            for kind, i in items:
-                stage = r if kind in ("S", "T") else (0 if kind in ("Vf", "Vb") else last)
-                out.append(Action(stage, kind, i))
-        actions.append(out + own[k:])
-    name = "vocab-1" if barriers == 2 else "vocab-2"
-    return Schedule(actions, tuple(range(p)), m, name=name)
+    base = Schedule([_one_f_one_b(r, ranks, microbatches, extra=barriers) for r in range(ranks)],
+                    tuple(range(ranks)), microbatches, name="1f1b+warm-up")
+    return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2")
 
 
 @register("vocab-1")

@@ -6,4 +6,5 @@ imported only when something is drawn).
     player.py       the schedule player                predict.py   predict-then-check questions
     explorer.py     pl.explorer: sliders, live runs     compare.py   pl.compare: comparisons + their charts
     widgets.py      notebook 00's training widget       ui.py        widget plumbing that renders under nbval
+    memory_bubble.py  memory against bubble for 1F1B, ZB-H1, ZB-V, V-Half, V-Min, with closed forms
 """
