@@ -135,3 +135,20 @@ def test_full_offload_cuts_rank0_measured_peak_by_a_quarter_and_stays_exact(live
     assert plain.offloaded_bytes == {0: 0, 1: 0} and all(off.offloaded_bytes.values())
     kinds = {e.action.kind for e in off.timeline.comm_events()}
     assert {OFFLOAD, RELOAD} <= kinds
+
+
+def test_offload_and_reload_move_one_forwards_bytes_out_of_and_back_into_the_meter(live):
+    off = live[1]
+    acts = off.schedule.actions[0]
+    levels = [level for _t, level in off.memory[0]]        # live bytes after each step
+    change = dict(zip(acts, (b - a for a, b in zip(levels, levels[1:]))))
+    forward = change[acts[0]]                               # 0F0: one chunk-0 forward's bytes
+    assert forward > 0
+    assert [change[a] for a in acts if a.kind == OFFLOAD] == [-forward] * 5
+    assert [change[a] for a in acts if a.kind == RELOAD] == [forward] * 5
+    # Held off the device at most: the microbatches between their offload and their reload.
+    away = most = 0
+    for a in acts:
+        away += (a.kind == OFFLOAD) - (a.kind == RELOAD)
+        most = max(most, away)
+    assert off.offloaded_bytes[0] == most * forward
