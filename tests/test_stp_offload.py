@@ -8,6 +8,7 @@ import math
 import pytest
 
 import pipelab as pl
+from pipelab.runtime.spec import prepare_run
 from pipelab.schedules.kinds import OFFLOAD, RELOAD
 
 P, M = 2, 9                     # the authors' offload figure (figs/offload_schedule.jpg)
@@ -152,3 +153,10 @@ def test_offload_and_reload_move_one_forwards_bytes_out_of_and_back_into_the_met
         away += (a.kind == OFFLOAD) - (a.kind == RELOAD)
         most = max(most, away)
     assert off.offloaded_bytes[0] == most * forward
+
+
+def test_offload_with_recomputation_is_refused_before_any_process_starts():
+    with pytest.raises(ValueError, match="recompute='full' with an offloading schedule"):
+        prepare_run(pl.schedule("stp", ranks=P, microbatches=5, offload=1), ranks=P,
+                    recompute="full")
+    prepare_run(pl.schedule("stp", ranks=P, microbatches=5), ranks=P, recompute="full")
