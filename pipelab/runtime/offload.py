@@ -6,9 +6,10 @@ unpacking reads whatever the box holds when the backward runs. `Off` copies each
 boxes point into to a host store and points the boxes at the copies: the device aliases go, and
 the meter lets go of their bytes (as the authors' after-forward hook does with a D2H copy into
 pinned memory). `Re` copies them back into fresh storages, counted by the meter again, before
-the backward unpacks them. On these CPUs both "devices" are the same memory, so the copies cost
-what a memcpy costs; what matters here is what the meter counts, and that the numbers that come
-back are bit-identical (the gradients match the unsplit model exactly as before).
+the backward unpacks them. On these CPUs both "devices" are the same memory and the copies run
+on the compute thread, costing what a memcpy costs (timelines draw them on the side lane, where
+a GPU's copy stream would run them); what matters here is what the meter counts, and that the
+numbers that come back are bit-identical (the gradients match the unsplit model exactly).
 """
 from __future__ import annotations
 

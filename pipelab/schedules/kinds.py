@@ -219,7 +219,9 @@ register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGH
 # OFFLOAD moves a forward's saved activations off the metered device memory once the forward
 # is done; RELOAD brings them back, issued one compute step before their backward, which waits
 # for it (RELOAD produces what the backward reads). Both run on the rank's side lane, as
-# asynchronous copies do on a copy stream: the compute goes on meanwhile.
+# asynchronous copies do on a copy stream: the compute goes on meanwhile. (The simulator has
+# one side lane per rank, so copies queue with the all-reduces there; a GPU's copy engines
+# would not, which matters only where both are long.)
 OFFLOAD, RELOAD = "Off", "Re"
 
 
