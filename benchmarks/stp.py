@@ -23,6 +23,14 @@ of its measured steps. On a toy model the link's latency is a fraction of a mill
 a loaded machine's scheduling delays match: `--d-model 256 --link-fraction 1` lets the link
 dominate them.
 
+Part 4 is STP's memory variant, activation offload (`pl.schedule("stp", ..., offload=f)`, f = 0,
+0.5, 1) at the authors' figure's m = 9, live on the same grid: measured peak activation bytes
+per rank and the bytes held off the device (counted apart), the makespans (measured, replayed,
+and simulated with the copies on each rank's side lane at their measured time), whether the
+gradients are bit-identical to plain STP's; then, simulated with unit costs, the peak in chunk
+units and the makespan as a copy grows from free to twice a forward (where the lane binds).
+`--offload-only` runs just this part.
+
 1F1B-I is the paper's interleaved 1F1B (2 chunks per rank, `interleaved-1f1b`).
 """
 from __future__ import annotations
@@ -37,6 +45,8 @@ from pipelab.model.memory import _blocks
 from pipelab.chapters import tensor_and_pipeline as tensor_view
 
 LIVE = {"STP": "stp", "ZB-V": "zb-v", "1F1B-I": "interleaved-1f1b"}
+OFFLOAD = (0.0, 0.5, 1.0)          # shares of chunk-0 microbatches offloaded (Part 4)
+OFFLOAD_M = 9                      # the authors' offload figure: p = 2, m = 9
 
 
 def race(cfg, args, link=None) -> dict:
@@ -80,10 +90,14 @@ def main() -> None:
     ap.add_argument("--grids", default="2,4,8")
     ap.add_argument("--link-fraction", type=float, default=0.5,
                     help="T_AR of the emulated link as a share of T_F (>= 0.25)")
+    ap.add_argument("--offload-only", action="store_true", help="run Part 4 only")
     args = ap.parse_args()
     if args.quick:
         args.d_model, args.steps, args.grids = 32, 2, "2,4"
     cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=4, seq_len=32)
+    if args.offload_only:
+        offload_rows(cfg, args)
+        return
     print(f"load average {load_average(1)} on {os.cpu_count()} cores; "
           f"model d={cfg.d_model}, {cfg.n_layers} blocks; 2 ranks × 2 shards, "
           f"m={args.microbatches}")
@@ -109,6 +123,7 @@ def main() -> None:
             print(f"{label:>14}{p:3}{3 * p:4}" + "".join(f"{spans[k] * 1e3:12.1f}" for k in LIVE)
                   + f"{gain:11.1%}")
     link_race(cfg, args, costs.F)
+    offload_rows(cfg, args)
 
 
 def link_for(cfg: pl.ModelConfig, args, t_f: float,
@@ -159,6 +174,41 @@ def link_race(cfg: pl.ModelConfig, args, t_f: float) -> None:
             print(f"  {a} / {b}: simulated {simulated_gap:+.1%}, measured {measured_gap:+.1%}, "
                   f"replayed {figures[a][1] / figures[b][1] - 1:+.1%} (steps measured: "
                   f"{a} {_spread(runs[a])}, {b} {_spread(runs[b])})")
+
+
+def offload_rows(cfg: pl.ModelConfig, args) -> None:
+    """Part 4: STP with activation offload, live on 2 × 2 and simulated (module docstring)."""
+    print(f"\nPart 4: STP with activation offload, 2 ranks × 2 shards, m={OFFLOAD_M}; "
+          f"load average {load_average(1)} at start")
+    with pl.LocalCluster(ranks=4, timeout=120) as cluster:
+        runs = {f: cluster.run(pl.schedule("stp", ranks=2, microbatches=OFFLOAD_M, offload=f),
+                               model=cfg, tensor_parallel=2, steps=args.steps, progress=False)
+                for f in OFFLOAD}
+    plain = runs[0.0]
+    print(f"{'offload':>8}{'peak r0 KiB':>13}{'peak r1 KiB':>13}{'off r0 KiB':>12}"
+          f"{'r0 vs plain':>13}{'measured ms':>13}{'replayed ms':>13}{'simulated ms':>14}"
+          f"{'max grad err':>14}{'= plain':>9}")
+    for f, res in runs.items():
+        later = res.timelines[1:] or res.timelines
+        peak, off = res.peak_activations, res.offloaded_bytes
+        print(f"{f:8g}{peak[0] / 1024:13.1f}{peak[1] / 1024:13.1f}{off[0] / 1024:12.1f}"
+              f"{peak[0] / plain.peak_activations[0]:13.1%}"
+              f"{statistics.median(t.makespan for t in later) * 1e3:13.1f}"
+              f"{res.replay.makespan * 1e3:13.1f}{res.simulated.makespan * 1e3:14.1f}"
+              f"{res.max_grad_error:14.1e}{str(res.grad_errors == plain.grad_errors):>9}")
+    copy_ms = statistics.median(e.duration for e in runs[1.0].timeline.comm_events()
+                                if e.action.kind in ("Off", "Re"))
+    print(f"(a measured copy: {copy_ms * 1e3:.3f} ms median; {load_average(1)} load average "
+          f"at the end)")
+    print(f"\nsimulated, F = I = W = 1 per chunk, p=2, m={OFFLOAD_M}: rank-0 peak (rank units) "
+          f"and makespan as one copy costs c × F")
+    print(f"{'offload':>8}{'peak r0':>9}" + "".join(f"{f'c={c:g}':>9}" for c in (0, 0.5, 1, 2)))
+    for f in OFFLOAD:
+        s = pl.schedule("stp", ranks=2, microbatches=OFFLOAD_M, offload=f)
+        tls = [pl.simulate(s, pl.Costs.per_stage(F=1, I=1, W=1, activation_bytes=c,
+                                                 offload_bandwidth=1.0)) for c in (0, 0.5, 1, 2)]
+        print(f"{f:8g}{tls[0].peak_activations()[0]:9.2f}"
+              + "".join(f"{tl.makespan:9.1f}" for tl in tls))
 
 
 def _spread(res) -> str:

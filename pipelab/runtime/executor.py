@@ -282,7 +282,7 @@ def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, 
             "memory": memory,
             "losses": dict(state.losses), "peak": max(peaks, default=meter.peak),
             "action_peaks": peaks, "inside": inside,
-            "send_peak": state.meter.sending_peak}
+            "send_peak": state.meter.sending_peak, "offloaded_peak": meter.offloaded_peak}
 
 
 def _run_parts(state: StepState, wires, arrived: dict, log: list, inside: list):

@@ -17,6 +17,7 @@ import torch
 
 from ..model.gpt import loss_fn
 from ..schedules import Action
+from ..schedules.kinds import OFFLOAD, RELOAD
 from .stage import StepState
 
 Handler = Callable[[StepState, Action, dict], "torch.Tensor | None"]
@@ -80,7 +81,7 @@ def run_setups(spec, rank: int, stages) -> None:
 @register_handler("F")
 def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     inp = forward_input(state, a, inputs)
-    with state.meter.saving():
+    with state.saving(a.stage, a.microbatch):
         out = state.forward(a.stage, a.microbatch, inp)
     return forward_output(state, a, inp, out)
 
@@ -97,7 +98,7 @@ def forward_output(state: StepState, a: Action, inp: torch.Tensor,
     s, mb = a.stage, a.microbatch
     ends_in_loss = s in state.last_stages and state.loss_on_last_stage
     if ends_in_loss:
-        with state.meter.saving():
+        with state.saving(s, mb):
             loss = loss_fn(out, state.microbatches[mb][1])
         state.losses[mb] = loss.item()
         # So the microbatch gradients (summed over the replicas) are the batch mean's.
@@ -131,4 +132,18 @@ def input_backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | 
 def weight_backward(state: StepState, a: Action, inputs: dict) -> None:
     """Weight-gradient half: just the GEMMs dW = dyᵀ·x (and db = Σ dy) that I left behind."""
     state.weight_grads.flush(a.stage, a.microbatch)
+    return None
+
+
+@register_handler(OFFLOAD)
+def offload(state: StepState, a: Action, inputs: dict) -> None:
+    """Move the forward's saved activations off the device (stage.py's OffloadStore)."""
+    state.offloads.offload(a.stage, a.microbatch)
+    return None
+
+
+@register_handler(RELOAD)
+def reload(state: StepState, a: Action, inputs: dict) -> None:
+    """Bring them back, counted again, before the backward reads them."""
+    state.offloads.reload(a.stage, a.microbatch)
     return None

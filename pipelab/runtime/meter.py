@@ -44,6 +44,8 @@ class ActivationMeter:
         self.peak = 0
         self.sending = 0             # bytes of posted sends not yet known to be delivered
         self.sending_peak = 0
+        self.offloaded = 0           # bytes of saved activations held off the device (offload.py)
+        self.offloaded_peak = 0
 
     def _acquire(self, tensor: torch.Tensor) -> int | None:
         """Count one more holder of `tensor`'s storage; its address, or None when it is not an
@@ -127,9 +129,24 @@ class ActivationMeter:
     def sends_done(self) -> None:
         self.sending = 0
 
-    def saving(self):
-        """Context manager: tensors saved for backward inside it are counted."""
-        return torch.autograd.graph.saved_tensors_hooks(self._pack, _identity)
+    def saving(self, keep: list | None = None):
+        """Context manager: tensors saved for backward inside it are counted. With `keep` (a
+        list), each counted one is saved in a box (a one-item list) appended to it, which an
+        offload may point elsewhere before the backward reads it (offload.py)."""
+        if keep is None:
+            return torch.autograd.graph.saved_tensors_hooks(self._pack, _identity)
+
+        def pack(tensor):
+            packed = self._pack(tensor)
+            if packed is tensor:         # a parameter: stays where it is
+                return tensor
+            box = [packed]
+            keep.append(box)
+            return box
+
+        def unpack(packed):
+            return packed[0] if type(packed) is list else packed
+        return torch.autograd.graph.saved_tensors_hooks(pack, unpack)
 
     def reset_peak(self) -> None:
         self.peak = self.live

@@ -46,6 +46,9 @@ class RunResult:
     grad_errors: dict[str, float] = field(default_factory=dict)
     timelines: list[Timeline] = field(default_factory=list)   # measured, one per step
     send_buffer_peak: dict[int, int] = field(default_factory=dict)   # bytes held by posted sends
+    # Activation offload (kinds Off, Re): per pipeline rank, the most bytes of saved activations
+    # held off the device at once; counted apart from the activations (they left the meter).
+    offloaded_bytes: dict[int, int] = field(default_factory=dict)
     i_frees: float | None = None        # measured share of a forward's activations an I frees
     wall_time: float = 0.0              # seconds the caller waited for the run
     # A mesh of pp × dp processes: `timeline` is replica 0's pipeline; every replica's, on one
@@ -209,6 +212,9 @@ class RunResult:
         lines.append(f"{'busy (ms)':22}" + "".join(f"{busy[r] * 1e3:11.2f}" for r in ranks))
         lines.append(f"{'peak send buffers (MiB)':22}" +
                      "".join(f"{self.send_buffer_peak.get(r, 0) / 2**20:11.3f}" for r in ranks))
+        if any(self.offloaded_bytes.values()):
+            lines.append(f"{'peak offloaded (MiB)':22}" +
+                         "".join(f"{self.offloaded_bytes.get(r, 0) / 2**20:11.3f}" for r in ranks))
         lines.append(f"{'waiting in recv (ms)':22}" +
                      "".join(f"{self.recv_wait[r] * 1e3:11.2f}" for r in ranks))
         if spec.data_parallel > 1:
@@ -454,6 +460,8 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
                        recv_wait=wait, timelines=timelines, wall_time=wall_time,
                        send_buffer_peak={rep["rank"]: rep["steps"][last]["send_peak"]
                                          for rep in reports},
+                       offloaded_bytes={rep["rank"]: rep["steps"][last].get("offloaded_peak", 0)
+                                        for rep in reports},
                        i_frees=i_frees, replica_timelines=replica_timelines,
                        process_timelines=process_timelines,
                        action_peaks={rep["rank"]: [(a[1], peak) for a, peak in zip(

@@ -14,7 +14,7 @@ from ..sim.link import Link, check_link
 from ..model.gpt import ModelConfig
 from ..sim.partition import Partition, partition as make_partition
 from ..schedules import Action, Schedule
-from ..schedules.kinds import KIND_SPECS
+from ..schedules.kinds import KIND_SPECS, OFFLOAD
 from .mesh import Mesh
 from .plugins import plugins_for
 from .techniques import prepare_all
@@ -215,6 +215,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
     schedule.validate()
+    if recompute not in (None, "none") and OFFLOAD in schedule.kinds():
+        raise ValueError(f"recompute={recompute!r} with an offloading schedule: offload moves "
+                         f"what a forward saves, recomputation drops it; use one of the two "
+                         f"(recompute='none', or a schedule without offload)")
     draft = Draft(schedule, cfg, ranks, {"recompute": recompute}, dp, tp, ep, steps, partition,
                   batch_size, check)
     used = prepare_all(draft)

@@ -14,7 +14,8 @@ from ..model.data import split_microbatches
 from ..model.gpt import ModelConfig, build_layers
 from ..schedules import Action
 from ..model.weight_grad import WeightGradStore
-from ..schedules.kinds import OUTPUT_GRADIENT
+from .offload import OffloadStore
+from ..schedules.kinds import OFFLOAD, OUTPUT_GRADIENT
 
 
 def mark_replica_own(p: nn.Parameter) -> None:
@@ -126,6 +127,18 @@ class StepState:
             schedule.reindex()
         self.loss_on_last_stage = not any(key[0] == OUTPUT_GRADIENT for key in schedule._index)
         self.scratch: dict = {}                  # what a kind's passes leave for each other
+        # Activation offload (offload.py): the (stage, microbatch) forwards whose saved tensors
+        # this rank moves off the device, and where their boxes wait.
+        self.offloads = None
+        chosen = {(a.stage, a.microbatch) for acts in schedule.actions for item in acts
+                  for a in item.parts if a.kind == OFFLOAD and a.stage in stages.modules}
+        if chosen:
+            self.offloads = OffloadStore(meter, chosen)
+
+    def saving(self, stage: int, microbatch: int):
+        """The meter's context for a forward of (stage, microbatch): boxed where it is offloaded."""
+        keep = self.offloads.keep(stage, microbatch) if self.offloads is not None else None
+        return self.meter.saving(keep)
 
     def forward(self, stage: int, microbatch: int, inp: torch.Tensor) -> torch.Tensor:
         """The stage's forward; under a recompute policy, keeping only what the policy keeps."""

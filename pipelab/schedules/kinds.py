@@ -215,6 +215,54 @@ register_kind("I", "input-gradient backward", inputs=_backward_inputs, output=IN
 register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGHT_GRAD,
               module="pipelab", colour="#55A868", label="weight gradient")
 
+# --- activation offload (STP's memory variant): copies beside the compute ---------------------
+# OFFLOAD moves a forward's saved activations off the metered device memory once the forward
+# is done; RELOAD brings them back, issued one compute step before their backward, which waits
+# for it (RELOAD produces what the backward reads). Both run on the rank's side lane, as
+# asynchronous copies do on a copy stream: the compute goes on meanwhile. (The simulator has
+# one side lane per rank, so copies queue with the all-reduces there; a GPU's copy engines
+# would not, which matters only where both are long.)
+OFFLOAD, RELOAD = "Off", "Re"
+
+
+def _offload_inputs(schedule, a: Action) -> list[Input]:
+    return [_new(Input, ("saved", _new(Action, (a[0], "F", a[2])), False))]
+
+
+def _reload_inputs(schedule, a: Action) -> list[Input]:
+    edges = [_new(Input, ("saved", _new(Action, (a[0], OFFLOAD, a[2])), False))]
+    issued = cached_with_index(schedule, "_reload_issue", _reload_issue).get(a)
+    if issued is not None:      # issued when the compute before it in the rank's order is done
+        edges.append(_new(Input, ("issued", issued, False)))
+    return edges
+
+
+def _reload_issue(schedule) -> dict[Action, Action]:
+    """{reload: the last part of the compute step before it on its rank}: the copy starts only
+    when the rank's compute reaches it, as a prefetch issued in program order does."""
+    out, beside = {}, {k for k, spec in KIND_SPECS.items() if spec.lane != "compute"}
+    for acts in schedule.actions:
+        before = None
+        for item in acts:
+            if item.parts[0][1] == RELOAD and len(item.parts) == 1:
+                if before is not None:
+                    out[item] = before
+            elif item.parts[0][1] not in beside:
+                before = item.parts[-1]
+    return out
+
+
+def _copy_time(costs, stage: int) -> float:
+    return costs.offload_time(stage)
+
+
+register_kind(OFFLOAD, "offload: move a forward's saved activations off the device",
+              inputs=_offload_inputs, memory=-1.0, lane="comm", cost=_copy_time,
+              module="pipelab", bytes=None, colour="#8C8C8C", label="offload")
+register_kind(RELOAD, "reload: bring offloaded activations back before their backward",
+              inputs=_reload_inputs, output=SAVED, memory=1.0, lane="comm", cost=_copy_time,
+              module="pipelab", bytes=None, colour="#B8860B", label="reload")
+
 # The kind a (stage, microbatch) uses when its producer of `output` is missing: for messages.
 DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B", SAVED: "F"}
 

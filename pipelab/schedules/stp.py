@@ -30,19 +30,37 @@ The forward of chunk c with microbatch j is braided with the backward of microba
 backward, so the order holds exactly m forwards and m backwards per chunk only when m ≥ 3p−1
 (the authors' code asserts m ≥ 2p; for 2p ≤ m < 3p−1 its order is invalid). Here m < 3p−1 is a
 ValueError.
+
+Activation offload (the paper's memory variant, `offload=fraction`). A chunk-0 forward's
+activations wait 3p−1−r steps for their backward, a chunk-1 forward's only r+1: the authors mark
+every chunk-0 forward instruction for offload and no chunk-1 one (their generator passes
+offload=1 with phase 0, 0 with phase 1), so that is `offload=1`. A smaller fraction offloads that
+share of the chunk-0 microbatches, spread evenly (microbatch j when ⌊(j+1)·f⌋ > ⌊j·f⌋), so the
+saving holds at every moment of the steady state. Each chosen forward's step is followed by an
+offload `Off` of its activations; a reload `Re` is placed before the compute step that precedes
+the backward (the authors' ActReload: a prefetch one instruction ahead). Both copy on the rank's
+side lane while the compute runs on.
 """
 from __future__ import annotations
 
 from collections import deque
 
-from .actions import B, Compound, F, I, W
+import math
+import numbers
+
+from .actions import Action, B, Compound, F, I, W
 from .base import Schedule
+from .kinds import OFFLOAD, RELOAD
 from .placement import v_placement
 from .registry import register
 
 
 @register("stp")
-def stp(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
+def stp(ranks: int, microbatches: int, chunks: int = 2, offload: float = 0.0) -> Schedule:
+    if isinstance(offload, bool) or not isinstance(offload, numbers.Real) \
+            or not 0.0 <= offload <= 1.0:
+        raise ValueError(f"offload must be a number from 0 to 1 (the share of chunk-0 "
+                         f"microbatches whose activations leave the device), got {offload!r}")
     if chunks != 2:
         raise ValueError(f"stp has exactly 2 chunks per rank (the V placement: stage r and stage "
                          f"2*ranks-1-r on rank r), got chunks={chunks!r}; leave chunks out")
@@ -51,8 +69,30 @@ def stp(ranks: int, microbatches: int, chunks: int = 2) -> Schedule:
         raise ValueError(f"stp needs microbatches >= 3*ranks - 1 = {3 * p - 1} with {p} ranks, "
                          f"got {m}: rank 0 runs 3p-1 chunk-0 forwards before its first chunk-0 "
                          f"backward, so a smaller m leaves the braids without partners")
-    return Schedule([_rank_order(p, m, r) for r in range(p)], placement=v_placement(p),
-                    microbatches=m, name="stp")
+    chosen = [j for j in range(m) if math.floor((j + 1) * offload) > math.floor(j * offload)]
+    orders = [_with_offload(_rank_order(p, m, r), r, chosen) for r in range(p)]
+    return Schedule(orders, placement=v_placement(p), microbatches=m, name="stp")
+
+
+def _with_offload(acts: list, stage: int, chosen: list[int]) -> list:
+    """`acts` with an offload after the step of each chosen microbatch's forward on `stage`,
+    and its reload before the compute step that precedes its backward."""
+    if not chosen:
+        return acts
+    where = {(part.kind, part.microbatch): i for i, item in enumerate(acts)
+             for part in item.parts if part.stage == stage}
+    after: dict[int, list] = {}
+    before: dict[int, list] = {}
+    for mb in chosen:
+        forward = where[("F", mb)]
+        backward = where.get(("I", mb), where.get(("B", mb)))
+        after.setdefault(forward, []).append(Action(stage, OFFLOAD, mb))
+        # one step ahead of the backward, but never before the offload itself
+        before.setdefault(max(backward - 1, forward + 1), []).append(Action(stage, RELOAD, mb))
+    out = []
+    for i, item in enumerate(acts):
+        out += before.get(i, []) + [item] + after.get(i, [])
+    return out
 
 
 def _rank_order(p: int, m: int, r: int) -> list:

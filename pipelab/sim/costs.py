@@ -22,7 +22,7 @@ Cost = float | Sequence[float]
 SCOPES = ("rank", "stage")
 # What a rank's worth divides over its stages: compute times and per-stage amounts of work. A
 # message (comm, message_bytes), a link, an overlap constant and measured times are not divided.
-_DIVIDED = ("F", "I", "W", "B", "parameter_bytes", "tp_allreduce")
+_DIVIDED = ("F", "I", "W", "B", "parameter_bytes", "tp_allreduce", "activation_bytes")
 
 
 @dataclass
@@ -94,6 +94,12 @@ class Costs:
     tp_sends_wait: bool = True           # a braided step's output waits for its last all-reduce
     link: Link | None = None             # an emulated link: prices messages and all-reduces
     message_bytes: float = 0.0           # bytes of each message crossing ranks (with `link`)
+    # Activation offload (kinds Off and Re): a copy of a forward's saved activations,
+    # `activation_bytes` per microbatch (a rank's worth, divided as F), takes
+    # activation_bytes / offload_bandwidth on the rank's side lane. The default bandwidth is a
+    # PCIe 4.0 x16 host link's ~25 GB/s one way; with no bytes given, copies are free.
+    activation_bytes: Cost = 0.0
+    offload_bandwidth: float = 25e9
     scope: str = "rank"                  # "rank": a rank's worth, divided over its stages;
     #   "stage": one stage's costs, by stage index, as given (Costs.per_stage)
 
@@ -114,6 +120,11 @@ class Costs:
         if self.overlap is not None:
             self.overlap = _checked("overlap", self.overlap, per_stage=False)
         self.tp_allreduce = _checked("tp_allreduce", self.tp_allreduce)
+        self.activation_bytes = _checked("activation_bytes", self.activation_bytes)
+        bw = self.offload_bandwidth
+        if isinstance(bw, bool) or not (isinstance(bw, numbers.Real) and bw > 0):
+            raise ValueError(f"Costs.offload_bandwidth must be a number of bytes per time unit "
+                             f"> 0, got {self.offload_bandwidth!r}")
         for name in ("tp_overlap", "tp_sends_wait"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"Costs.{name} must be True or False, got {getattr(self, name)!r}")
@@ -253,6 +264,10 @@ class Costs:
 
     def of_parameter_bytes(self, stage: int) -> float:
         return _at_stage("parameter_bytes", self.parameter_bytes, stage)
+
+    def offload_time(self, stage: int) -> float:
+        """One offload or reload copy of a stage's activations: activation_bytes / bandwidth."""
+        return _at_stage("activation_bytes", self.activation_bytes, stage) / self.offload_bandwidth
 
     def of_tp_allreduce(self, stage: int) -> float:
         return _at_stage("tp_allreduce", self.tp_allreduce, stage)

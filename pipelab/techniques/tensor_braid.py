@@ -49,17 +49,18 @@ def forward_braided(state, a, inputs: dict):
     inp = x = forward_input(state, a, inputs)
     for layer in state.module(a.stage, a.microbatch):
         if not isinstance(layer, TensorParallelBlock):
-            with state.meter.saving():
+            with state.saving(a.stage, a.microbatch):
                 x = layer(x)
             continue
         for sublayer in (layer.attention_partial, layer.mlp_partial):
-            with state.meter.saving():       # (never held across a yield: the hooks are global)
+            # (never held across a yield: the hooks are global)
+            with state.saving(a.stage, a.microbatch):
                 partial = sublayer(x)
             total = partial.detach().clone()
             pending = layer.proj.tp.all_reduce(total, "forward, async", async_op=True)
             yield                             # the other part computes while the sum travels
             pending.wait()
-            with state.meter.saving():
+            with state.saving(a.stage, a.microbatch):
                 x = x + _Summed.apply(partial, total)
     return forward_output(state, a, inp, x)
 
