@@ -104,6 +104,7 @@ def _slot_order(p: int, m: int, groups: list[int], cap: int | None) -> list[list
     left = 2 * p * (len(groups) + half)        # forward steps and backwards, both directions
     while left:
         enabled = []
+        ran = left
         for rank in range(p):
             runnable = [s for s in ready[rank]
                         if not s[1] or cap is None or held[rank] + s[4] <= cap]
@@ -130,6 +131,7 @@ def _slot_order(p: int, m: int, groups: list[int], cap: int | None) -> list[list
                 enabled.append((j, 1, d, hop + 1, size))
             else:                              # the route's end: each microbatch turns back
                 enabled += [(j + k, 0, d, hop, 1) for k in range(size)]
+        assert left < ran, "a slot in which no rank can run anything: the order is stuck"
         for step in enabled:                   # what this slot finished is ready in the next
             ready[rank_of(step[2], step[3])].append(step)
     return actions
