@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..sim.compare import schedule_table
+from ..sim.compare import schedule_table, simulate_named
 from ..sim.costs import Costs
 from ..views import ui
 from ..views.compare import against_1f1b, cost_slider as slider
@@ -62,7 +62,6 @@ def chimera_scaling_table(ranks: int = 4, microbatches: Sequence[int] = (8, 16, 
     """Simulated rows for SCALING_ROWS at each m and each B (F = 1): `makespan`, `bubble` (idle
     share of the makespan), `idle` (the worst rank's idle time) and `peak` (the busiest rank's
     activations, microbatches × a rank's layers). A refused setting gets `error` instead."""
-    from ..sim.compare import simulate_named
     rows = []
     for backward in backwards:
         costs = backward_costs(backward)
