@@ -27,17 +27,21 @@ More microbatches than ranks (the paper's §3.5) — `scaling`:
   what a backward does when B = 2F and the slots are equal again. A doubled unit is a basic
   unit whose forward steps carry two microbatches: 2p microbatches, p/2 doubled forwards each
   way. Its order: every rank, in every slot, runs a ready step of the oldest unit — within a
-  unit its forwards first (they are what a unit needs to get going), then the oldest
-  microbatch — as long as the rank holds at most 2p microbatch-stages, the paper's "two times
-  the activation memory". The next unit's forwards then fill the drain of the one before:
+  unit its forwards first, then the oldest microbatch — as long as the rank holds at most 2p
+  microbatch-stages, the paper's "two times the activation memory". (Forwards first: with the
+  basic unit's oldest-first rule the first backwards, two per doubled forward, cut into the
+  other direction's forward wave: 8 idle slots instead of 6 at p = 8, simulated. Without the
+  2p cap the next unit's forwards crowd in: 2p + 1 at p = 4.) Then the next unit's forwards
+  fill the drain of the one before:
   p − 2 idle slots per rank whatever m is, none between the units (a bubble fraction of
   (p−2)/(3m/2 + p − 2) at B = 2F, a slot being one backward or one doubled forward).
   Each microbatch's backward stays its own step (two backwards per doubled forward, not one
   backward of the pair): a backward needs its own microbatch's saved activations and nothing
-  else, and one B per step keeps the slots equal. The paper pays for the doubled memory with
-  recomputation where memory is short; here that is `cluster.run(..., recompute=...)`, apart
-  from the order. When m/p is odd the first unit runs plain (a basic unit: (p/2 − 1)F more
-  idle than the closed form); at m = p both scalings are the basic unit.
+  else, and one B per step keeps the slots equal. Where the doubled memory does not fit, the
+  paper turns to backward halving instead (not built here); recomputation, which is apart from
+  the order here (`cluster.run(..., recompute="full")`, exact), is another way to pay it back.
+  When m/p is odd the first unit runs plain (a basic unit: (p/2 − 1)F more idle than the
+  closed form); at m = p both scalings are the basic unit.
 """
 from __future__ import annotations
 
