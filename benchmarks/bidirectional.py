@@ -21,6 +21,14 @@ the run's own partition: its busiest stage's FLOPs over the mean (1.00 is perfec
 `G share` column is the longest replica sum (`G`, the gradient all-reduce between the two copies
 of a part, at the end of the step) over the fitted step: the simulated columns charge it nothing,
 so where it is large the measured bubble of Chimera and DualPipe is the replica sum's price.
+
+Then Chimera's scaling to m > p (its §3.5): forward doubling (the default) against direct
+concatenation, 1F1B and DualPipe at p = 4, m = 8, 16, 32, with a backward twice a forward
+(B = I + W = 2F, a real model's proportion) and equal to it (the paper's slots): simulated
+makespan, bubble, the worst rank's idle time and the busiest rank's peak activations. And one
+live run of each scaling on `--ranks` processes with m = 4·ranks (two doubled units): its
+gradient error against the unsplit model, the bubble of the step simulated from its fitted
+costs, and its measured activation peak.
 """
 from __future__ import annotations
 
@@ -66,6 +74,10 @@ def main() -> None:
             cluster.run(sched, model=cfg, partition="cost", check=False, progress=False)  # warm-up
             measured[name] = [cluster.run(sched, model=cfg, partition="cost", check=k == 0,
                                           progress=False) for k in range(args.repeats)]
+        scaling_live = {scaling: cluster.run(pl.schedule("chimera", ranks=p, microbatches=4 * p,
+                                                         scaling=scaling),
+                                             model=cfg, partition="cost", progress=False)
+                        for scaling in ("doubling", "concat")}
     load_after = load_average(1)
     print(f"p={p}, m={m}; simulated at F=I=W=1 per rank's worth of layers; measured: toy GPT "
           f"d_model {cfg.d_model}, {cfg.total_layers} layers, partition='cost', median of "
@@ -98,6 +110,16 @@ def main() -> None:
               f"{median(lambda r: r.replay.bubble_fraction()):>8.1%}"
               f"{median(lambda r: r.timeline.bubble_fraction()):>8.1%}"
               f"{act:>9.0f}{weights:>11.0f}{res.max_grad_error:>10.1e}")
+    print()
+    print("Chimera's scaling (§3.5), simulated at p=4, F=1 per rank's worth of layers, "
+          "I = W = B/2:")
+    print(bidir.format_scaling_table(bidir.chimera_scaling_table(4, (8, 16, 32), (2.0, 1.0))))
+    print(f"live, p={p}, m={4 * p} (two doubled units), partition='cost':")
+    for scaling, res in scaling_live.items():
+        act = max(res.timeline.peak_activations().values()) / 1024
+        print(f"  chimera ({scaling:<8}) grad err {res.max_grad_error:.1e}   fitted bubble "
+              f"{res.simulated.bubble_fraction():.1%}   replayed {res.replay.bubble_fraction():.1%}"
+              f"   act peak {act:.0f} KiB")
     print(f"load average (1, 5, 15 min): {load_before} before, {load_after} after")
 
 

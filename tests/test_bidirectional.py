@@ -77,9 +77,9 @@ def test_activation_peak_and_weights(name, ranks, microbatches, chunk_peak, copi
 
 @pytest.mark.parametrize("ranks,microbatches", [(2, 2), (4, 4), (4, 12), (6, 6), (8, 8), (8, 24)])
 def test_chimera_bubble_is_the_papers_slot_count(ranks, microbatches):
-    """(p − 2)/(2m + p − 2) of the makespan with equal slots (F = B), and at most p
-    microbatch-stages per rank, p/2 + 1 at the ends in a basic unit."""
-    sched = pl.schedule("chimera", ranks=ranks, microbatches=microbatches)
+    """Direct concatenation: (p − 2)/(2m + p − 2) of the makespan with equal slots (F = B), and
+    at most p microbatch-stages per rank, p/2 + 1 at the ends in a basic unit."""
+    sched = pl.schedule("chimera", ranks=ranks, microbatches=microbatches, scaling="concat")
     tl = pl.simulate(sched, pl.Costs(F=1, I=0.5, W=0.5))
     p, m = ranks, microbatches
     assert tl.bubble_fraction() == pytest.approx((p - 2) / (2 * m + p - 2))
@@ -96,6 +96,55 @@ def test_chimera_halves_the_bubble_of_1f1b_and_dualpipe_beats_both():
     dual = pl.simulate(pl.schedule("dualpipe", ranks=8, microbatches=16), UNIT)
     assert worst_idle(one) == 7 * 3                    # (p − 1)(F + B)
     assert worst_idle(dual) == 3 * 2 < worst_idle(chim) < worst_idle(one)
+
+
+# --- Chimera's scaling to m > p (§3.5): forward doubling against direct concatenation ------------
+
+def test_chimera_doubling_beats_1f1b_where_concatenation_loses_to_it():
+    """p = 4, m = 32, B = 2F: concatenated units leave intermediate bubbles (113 against 1F1B's
+    105); doubled forwards leave none (p − 2 slots of B = 2 in all: 96 + 4)."""
+    def makespan(name, **options):
+        return pl.simulate(pl.schedule(name, ranks=4, microbatches=32, **options), UNIT).makespan
+    assert makespan("chimera", scaling="concat") == 113
+    assert makespan("1f1b") == 105
+    assert makespan("chimera") == makespan("chimera", scaling="doubling") == 100
+
+
+@pytest.mark.parametrize("ranks,microbatches", [(4, 8), (4, 32), (6, 12), (8, 16), (8, 32)])
+def test_chimera_doubling_bubble_is_the_slot_count_of_doubled_units(ranks, microbatches):
+    """At B = 2F a doubled forward lasts one backward: one slot. Each rank runs m/2 doubled
+    forwards and m backwards, 3m/2 slots, and idles p − 2 of them as in the paper's basic unit
+    (bubble fraction (p − 2)/(3m/2 + p − 2)), whatever the number of units. Its memory is the
+    paper's "two times": 2p microbatch-stages on the busiest rank (direct concatenation: p)."""
+    p, m = ranks, microbatches
+    sched = pl.schedule("chimera", ranks=p, microbatches=m)
+    tl = pl.simulate(sched, UNIT)
+    assert tl.bubble_fraction() == pytest.approx((p - 2) / (3 * m / 2 + p - 2))
+    assert tl.idle() == pytest.approx({r: 2 * (p - 2) for r in range(p)})
+    assert max(tl.peak_activations().values()) == 2 * p
+    concat = pl.simulate(pl.schedule("chimera", ranks=p, microbatches=m, scaling="concat"), UNIT)
+    assert max(concat.peak_activations().values()) == p
+    # every forward is doubled: two consecutive microbatches of one direction on one stage
+    for acts in sched.actions:
+        forwards = [a for a in acts if "F" in a.kind]
+        assert forwards and all(a.kind == "F+F" for a in forwards)
+        assert all(a[1].microbatch == a[0].microbatch + 1 and a[0].microbatch % 2 == 0
+                   for a in forwards)
+
+
+@pytest.mark.parametrize("ranks", [4, 6, 8])
+def test_chimera_doubling_with_an_odd_number_of_units_runs_the_first_plain(ranks):
+    """m = 3p: one plain basic unit, then a doubled one; (p/2 − 1)F more idle than the closed
+    form, still below direct concatenation and 1F1B. At m = p both scalings are the basic unit."""
+    p, m = ranks, 3 * ranks
+    tl = pl.simulate(pl.schedule("chimera", ranks=p, microbatches=m), UNIT)
+    assert max(tl.idle().values()) == 2 * (p - 2) + (p / 2 - 1)
+    assert tl.makespan < min(
+        pl.simulate(pl.schedule("chimera", ranks=p, microbatches=m, scaling="concat"),
+                    UNIT).makespan,
+        pl.simulate(pl.schedule("1f1b", ranks=p, microbatches=m), UNIT).makespan)
+    assert pl.schedule("chimera", ranks=p, microbatches=p) == \
+        pl.schedule("chimera", ranks=p, microbatches=p, scaling="concat")
 
 
 def test_overlap_must_be_a_time():
@@ -159,10 +208,12 @@ def test_dualpipe_is_dualpipe_v_unfolded(ranks):
     ("dualpipe-v", 4, 7, "microbatches >= 2\\*ranks = 8"),
     ("chimera", 3, 6, "even number of ranks"),
     ("chimera", 4, 6, "multiple of ranks"),
+    ("chimera", 4, 8, "scaling must be one of 'doubling', 'concat'"),
 ])
 def test_constraints_name_the_rule(name, ranks, microbatches, rule):
+    options = {"scaling": "halving"} if "scaling" in rule else {}
     with pytest.raises(ValueError, match=rule):
-        pl.schedule(name, ranks=ranks, microbatches=microbatches)
+        pl.schedule(name, ranks=ranks, microbatches=microbatches, **options)
 
 
 # --- routes and replicas in the schedule language ----------------------------------------------
@@ -240,7 +291,7 @@ def test_routes_that_cannot_train_the_model_are_rejected(routes, slices, placeme
 # --- live: exact on 2 and 4 ranks ---------------------------------------------------------------
 
 LIVE = [("dualpipe", 2, 4), ("dualpipe", 4, 8), ("dualpipe-v", 2, 4), ("dualpipe-v", 4, 8),
-        ("chimera", 2, 4), ("chimera", 4, 4)]
+        ("chimera", 2, 4), ("chimera", 4, 8)]       # chimera: forward doubling, one doubled unit
 
 
 @pytest.mark.parametrize("name,ranks,microbatches", LIVE, ids=[f"{n}-p{p}-m{m}" for n, p, m in LIVE])

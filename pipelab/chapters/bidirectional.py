@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..sim.compare import schedule_table
+from ..sim.compare import schedule_table, simulate_named
 from ..sim.costs import Costs
 from ..views import ui
 from ..views.compare import against_1f1b, cost_slider as slider
@@ -34,8 +34,61 @@ def dualpipe_bubble(stages: int, F: float, I: float, W: float,  # noqa: E741
 
 
 def chimera_bubble_fraction(ranks: int, microbatches: int) -> float:
-    """Chimera's slot count: (p − 2)/(2m + p − 2) of the makespan, with equal F and B slots."""
+    """Chimera's slot count: (p − 2)/(2m + p − 2) of the makespan, with equal F and B slots
+    (the basic unit, and direct concatenation of units)."""
     return (ranks - 2) / (2 * microbatches + ranks - 2)
+
+
+def chimera_doubling_bubble_fraction(ranks: int, microbatches: int) -> float:
+    """The same count for forward doubling at B = 2F, where a slot is one backward or one
+    doubled forward: each rank is busy 3m/2 slots and idles p − 2, (p − 2)/(3m/2 + p − 2) of the
+    makespan (m a multiple of 2p)."""
+    return (ranks - 2) / (1.5 * microbatches + ranks - 2)
+
+
+#: Chimera's scaling against the one-direction and the paired baselines: (label, name, options).
+SCALING_ROWS = (("chimera (doubling)", "chimera", {"scaling": "doubling"}),
+                ("chimera (concat)", "chimera", {"scaling": "concat"}),
+                ("1f1b", "1f1b", {}), ("dualpipe", "dualpipe", {}))
+
+
+def backward_costs(backward: float, forward: float = 1.0) -> Costs:
+    """Costs per rank's worth of layers with a full backward B = `backward` (I = W = B/2)."""
+    return Costs(F=forward, I=backward / 2, W=backward / 2)
+
+
+def chimera_scaling_table(ranks: int = 4, microbatches: Sequence[int] = (8, 16, 32),
+                          backwards: Sequence[float] = (2.0, 1.0)) -> list[dict]:
+    """Simulated rows for SCALING_ROWS at each m and each B (F = 1): `makespan`, `bubble` (idle
+    share of the makespan), `idle` (the worst rank's idle time) and `peak` (the busiest rank's
+    activations, microbatches × a rank's layers). A refused setting gets `error` instead."""
+    rows = []
+    for backward in backwards:
+        costs = backward_costs(backward)
+        for m in microbatches:
+            for label, name, options in SCALING_ROWS:
+                row = {"schedule": label, "m": m, "B/F": backward}
+                try:
+                    tl = simulate_named(name, ranks, m, costs, **options)
+                except ValueError as error:
+                    row["error"] = str(error)
+                else:
+                    row.update(makespan=tl.makespan, bubble=tl.bubble_fraction(),
+                               idle=worst_idle(tl), peak=max(tl.peak_activations().values()))
+                rows.append(row)
+    return rows
+
+
+def format_scaling_table(rows: list[dict]) -> str:
+    """`chimera_scaling_table`'s rows as text, one line each."""
+    lines = [f"{'B/F':>4} {'m':>3}  {'schedule':<20}{'makespan':>9}{'bubble':>8}{'idle':>6}"
+             f"{'peak':>6}"]
+    for r in rows:
+        head = f"{r['B/F']:>4.3g} {r['m']:>3}  {r['schedule']:<20}"
+        lines.append(head + (f"refused: {r['error'][:60]}" if "error" in r else
+                             f"{r['makespan']:>9.4g}{r['bubble']:>8.1%}{r['idle']:>6.3g}"
+                             f"{r['peak']:>6.3g}"))
+    return "\n".join(lines)
 
 
 def worst_idle(timeline) -> float:
@@ -116,9 +169,12 @@ def bidirectional_explorer(ranks: int = 4, microbatches: int = 8):
               + (" — pairs overlapped, as on a GPU (a model, not a measurement)" if overlap
                  else " — pairs run one part after the other, as on a CPU"))
         if name == "chimera":
-            print(f"Chimera's slot count (p−2)/(2m+p−2) = "
-                  f"{chimera_bubble_fraction(ranks, microbatches):.1%}; simulated bubble "
-                  f"{tl.bubble_fraction():.1%} (equal only when F = I + W)")
+            print(f"simulated bubble {tl.bubble_fraction():.1%}; the slot counts: forward "
+                  f"doubling (the default) (p−2)/(3m/2+p−2) = "
+                  f"{chimera_doubling_bubble_fraction(ranks, microbatches):.1%} when I + W = 2F "
+                  f"and m is a multiple of 2p; direct concatenation (p−2)/(2m+p−2) = "
+                  f"{chimera_bubble_fraction(ranks, microbatches):.1%} when I + W = F "
+                  f"(scaling='concat'); the basic unit (m = p) is both")
         else:
             stages = ranks if name == "dualpipe" else 2 * ranks
             share = ranks / stages        # a chunk's share of a rank's worth of layers
