@@ -26,7 +26,7 @@ dominate them.
 Part 4 is STP's memory variant, activation offload (`pl.schedule("stp", ..., offload=f)`, f = 0,
 0.5, 1) at the authors' figure's m = 9, live on the same grid: measured peak activation bytes
 per rank and the bytes held off the device (counted apart), the makespans (measured, replayed,
-and simulated with the copies on each rank's side lane at their measured time), whether the
+and simulated with the copies on each rank's copy lane at their measured time), whether the
 gradients are bit-identical to plain STP's; then, simulated with unit costs, the peak in chunk
 units and the makespan as a copy grows from free to twice a forward (where the lane binds).
 `--offload-only` runs just this part.

@@ -1,5 +1,5 @@
 """STP with activation offload (the STP paper's memory variant): where the offload/reload pairs
-go, the simulated copies on the rank's side lane, and a live 2 × 2 run whose rank-0 peak falls
+go, the simulated copies on the rank's copy lane, and a live 2 × 2 run whose rank-0 peak falls
 while the loss and every gradient stay those of plain STP."""
 from __future__ import annotations
 
@@ -65,11 +65,11 @@ def test_costs_refuse_a_bad_offload_bandwidth():
         pl.schedule("1f1b", ranks=2, microbatches=2)).offload_time(0) == 2.0   # 50 GB at 25 GB/s
 
 
-def test_copies_run_on_the_side_lane_and_cost_nothing_while_they_fit():
+def test_copies_run_on_the_copy_lane_and_cost_nothing_while_they_fit():
     plain = pl.simulate(pl.schedule("stp", ranks=P, microbatches=M), unit())
     tl = pl.simulate(pl.schedule("stp", ranks=P, microbatches=M, offload=1), copies(2.0))
-    lane = tl.comm_events()
-    assert {e.action.kind for e in lane} == {OFFLOAD, RELOAD}
+    lane = tl.side_events("copy")
+    assert {e.action.kind for e in lane} == {OFFLOAD, RELOAD} and not tl.comm_events()
     assert len(lane) == 2 * P * M and all(e.duration == 0.5 for e in lane)
     # Half-unit copies hide under the compute: the same makespan and busy time as plain STP.
     assert tl.makespan == plain.makespan == 6 * M + P - 1
@@ -134,7 +134,7 @@ def test_full_offload_cuts_rank0_measured_peak_by_a_quarter_and_stays_exact(live
     assert off.grad_errors == plain.grad_errors
     # Offloaded bytes are counted apart; plain STP offloads none.
     assert plain.offloaded_bytes == {0: 0, 1: 0} and all(off.offloaded_bytes.values())
-    kinds = {e.action.kind for e in off.timeline.comm_events()}
+    kinds = {e.action.kind for e in off.timeline.side_events("copy")}
     assert {OFFLOAD, RELOAD} <= kinds
 
 
@@ -160,3 +160,14 @@ def test_offload_with_recomputation_is_refused_before_any_process_starts():
         prepare_run(pl.schedule("stp", ranks=P, microbatches=5, offload=1), ranks=P,
                     recompute="full")
     prepare_run(pl.schedule("stp", ranks=P, microbatches=5), ranks=P, recompute="full")
+
+
+def test_copies_and_all_reduces_run_on_lanes_of_their_own():
+    # A copy engine and the collectives' stream are separate: on a rank, an offload may run
+    # while a tensor-parallel all-reduce does (sharing one lane, they would queue).
+    tl = pl.simulate(pl.schedule("stp", ranks=P, microbatches=M, offload=1),
+                     unit(tp_allreduce=0.5, activation_bytes=1.0, offload_bandwidth=2.0))
+    copy, comm = tl.side_events("copy"), tl.comm_events()
+    assert copy and comm and {e.action.kind for e in comm} == {"Tp"}
+    assert any(c.rank == a.rank and c.start < a.end and a.start < c.end
+               for c in copy for a in comm)

@@ -7,7 +7,7 @@ boxes point into to a host store and points the boxes at the copies: the device 
 the meter lets go of their bytes (as the authors' after-forward hook does with a D2H copy into
 pinned memory). `Re` copies them back into fresh storages, counted by the meter again, before
 the backward unpacks them. On these CPUs both "devices" are the same memory and the copies run
-on the compute thread, costing what a memcpy costs (timelines draw them on the side lane, where
+on the compute thread, costing what a memcpy costs (timelines draw them on the copy lane, where
 a GPU's copy stream would run them); what matters here is what the meter counts, and that the
 numbers that come back are bit-identical (the gradients match the unsplit model exactly).
 """

@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 from .actions import Action
 from .errors import ScheduleError
 from .gcpause import without_gc
-from .kinds import KIND_SPECS, Input, collective_kinds, comm_kinds
+from .kinds import KIND_SPECS, Input, collective_kinds, side_lanes
 
 #: One entry of an execution order, as `Order` yields it: (ranks that run it, the step, the
 #: steps whose outputs it consumes).
@@ -176,8 +176,9 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
     with both.
 
     A kind registered with `lane="comm"` (a gradient all-reduce) occupies the rank's
-    communication lane instead of its compute: the actions after it on the rank do not wait
-    for it, so the overlap of communication with compute is what the model predicts. With
+    communication lane instead of its compute, one with `lane="copy"` (an offload) its copy
+    lane: the actions after it on the rank do not wait for it, so the overlap of communication
+    and copies with compute is what the model predicts. With
     `lanes=False` (the step grid: one cell per action) every action takes its rank's turn.
 
     `duration` is the time of a step (a function of it), or the list of times by position.
@@ -192,13 +193,13 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
     took = map(duration, steps) if callable(duration) else duration
     begin = [0.0] * len(steps)
     finish = [0.0] * len(steps)
-    free: dict = defaultdict(float)      # rank (compute) or (rank, "comm") -> when it is free
-    beside = comm_kinds() if lanes else ()
+    free: dict = defaultdict(float)      # rank (compute) or (rank, lane) -> when it is free
+    beside = side_lanes() if lanes else {}   # kind -> its side lane
     for k, (ranks, item, before, time) in enumerate(zip(ran_on, steps, order.producers, took)):
         if len(ranks) == 1:
             rank = ranks[0]
-            lane = (rank, "comm") if beside and type(item) is Action and item[1] in beside \
-                else rank
+            lane = (rank, beside[item[1]]) if beside and type(item) is Action \
+                and item[1] in beside else rank
             start = free[lane]
             for p in before:
                 done = finish[p]
@@ -215,15 +216,16 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
             continue
         # A collective starts once every member has reached it; one on the communication lane
         # (an all-reduce on a side stream) leaves the members' compute running.
-        aside = beside and type(item) is Action and item[1] in beside
-        start = max(max(free[r], free[(r, "comm")]) if aside else free[r] for r in ranks)
+        aside = beside[item[1]] if beside and type(item) is Action and item[1] in beside \
+            else None
+        start = max(max(free[r], free[(r, aside)]) if aside else free[r] for r in ranks)
         for p in before:
             crosses = any(r not in ran_on[p] for r in ranks)
             start = max(start, finish[p] + (comm if crosses else 0.0))
         begin[k] = start
         finish[k] = start + time
         for rank in ranks:
-            free[(rank, "comm") if aside else rank] = finish[k]
+            free[(rank, aside) if aside else rank] = finish[k]
     return begin, finish
 
 

@@ -80,8 +80,9 @@ class KindSpec:
     per_microbatch: bool = True        # False: written `1U`, runs once per training step
     members: Callable[["object", Action], tuple[int, ...]] | None = None   # a collective's ranks
     module: str = "pipelab"            # where it was defined: the workers import it from there
-    lane: str = "compute"              # "comm": runs beside the rank's compute (a gradient
-    #                                    all-reduce), on a lane of its own in the simulator and plots
+    lane: str = "compute"              # one of LANES: "comm" (a gradient all-reduce) and "copy"
+    #                                    (an offload) run beside the rank's compute, each on a
+    #                                    lane of its own in the simulator and plots
     tp_reduce: bool = False            # under tensor parallelism, ends in an all-reduce of its
     #                                    output (forward) or input gradient (backward)
     role: str = OTHER                  # one of ROLES
@@ -97,6 +98,9 @@ class KindSpec:
 
 
 KIND_SPECS: dict[str, KindSpec]     # (the dict lives in actions.py: see there)
+# Where a kind runs on its rank: the compute, the communication lane (a side stream for
+# collectives) or the copy lane (a copy engine moving activations off the device and back).
+LANES = ("compute", "comm", "copy")
 KINDS: dict[str, str] = {}         # kind -> description, for messages and docs
 # Bumped by every registration: a schedule validated before a kind changed (a notebook cell
 # run again with other inputs) must be validated again, so its cache key includes this.
@@ -113,7 +117,8 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
     """Add an action kind. `inputs(schedule, action)` lists its `Input` edges (default: none);
     `members(schedule, action)` makes it a collective of those ranks; `lane="comm"` runs it
     beside the rank's compute (the simulator gives each rank a communication lane, so a
-    reduction overlaps the actions after it); `tp_reduce=True`: with tensor parallelism it ends
+    reduction overlaps the actions after it), `lane="copy"` on the rank's copy lane (a copy
+    engine: offloads and reloads queue there, apart from the all-reduces); `tp_reduce=True`: with tensor parallelism it ends
     in an all-reduce (the simulator charges `Costs.tp_allreduce`).
 
     `role` (one of ROLES) says what it does; `completes` which part of a (stage, microbatch)'s
@@ -124,8 +129,8 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
 
     A kind another module registered is replaced only with `replace=True`; the module that
     registered it (a notebook cell run again, a module reloaded) may register it again."""
-    if lane not in ("compute", "comm"):
-        raise ValueError(f"lane must be 'compute' or 'comm', got {lane!r}")
+    if lane not in LANES:
+        raise ValueError(f"lane must be one of {', '.join(map(repr, LANES))}, got {lane!r}")
     if not re.fullmatch(r"[A-Z][A-Za-z]*", kind):
         raise ValueError(f"an action kind is an upper-case letter followed by letters, got {kind!r}")
     if memory is not None and (isinstance(memory, bool) or not isinstance(memory, (int, float))):
@@ -218,10 +223,9 @@ register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGH
 # --- activation offload (STP's memory variant): copies beside the compute ---------------------
 # OFFLOAD moves a forward's saved activations off the metered device memory once the forward
 # is done; RELOAD brings them back, issued one compute step before their backward, which waits
-# for it (RELOAD produces what the backward reads). Both run on the rank's side lane, as
-# asynchronous copies do on a copy stream: the compute goes on meanwhile. (The simulator has
-# one side lane per rank, so copies queue with the all-reduces there; a GPU's copy engines
-# would not, which matters only where both are long.)
+# for it (RELOAD produces what the backward reads). Both run on the rank's copy lane, as
+# asynchronous copies do on a GPU's copy engine: the compute goes on meanwhile, and the copies
+# queue among themselves, not behind the all-reduces of the communication lane.
 OFFLOAD, RELOAD = "Off", "Re"
 
 
@@ -257,10 +261,10 @@ def _copy_time(costs, stage: int) -> float:
 
 
 register_kind(OFFLOAD, "offload: move a forward's saved activations off the device",
-              inputs=_offload_inputs, memory=-1.0, lane="comm", cost=_copy_time,
+              inputs=_offload_inputs, memory=-1.0, lane="copy", cost=_copy_time,
               module="pipelab", bytes=None, colour="#8C8C8C", label="offload")
 register_kind(RELOAD, "reload: bring offloaded activations back before their backward",
-              inputs=_reload_inputs, output=SAVED, memory=1.0, lane="comm", cost=_copy_time,
+              inputs=_reload_inputs, output=SAVED, memory=1.0, lane="copy", cost=_copy_time,
               module="pipelab", bytes=None, colour="#B8860B", label="reload")
 
 # The kind a (stage, microbatch) uses when its producer of `output` is missing: for messages.
@@ -270,6 +274,11 @@ DEFAULT_PRODUCER = {ACTIVATION: "F", INPUT_GRADIENT: "B", SAVED: "F"}
 def comm_kinds() -> set[str]:
     """Kinds that run on a rank's communication lane, beside its compute."""
     return {k for k, spec in KIND_SPECS.items() if spec.lane == "comm"}
+
+
+def side_lanes() -> dict[str, str]:
+    """{kind: its lane} for the kinds that run beside a rank's compute (not on it)."""
+    return {k: spec.lane for k, spec in KIND_SPECS.items() if spec.lane != "compute"}
 
 
 def collective_kinds() -> set[str]:

@@ -39,7 +39,7 @@ share of the chunk-0 microbatches, spread evenly (microbatch j when ⌊(j+1)·f�
 saving holds at every moment of the steady state. Each chosen forward's step is followed by an
 offload `Off` of its activations; a reload `Re` is placed before the compute step that precedes
 the backward (the authors' ActReload: a prefetch one instruction ahead). Both copy on the rank's
-side lane while the compute runs on.
+copy lane while the compute runs on.
 """
 from __future__ import annotations
 

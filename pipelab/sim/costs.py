@@ -96,7 +96,7 @@ class Costs:
     message_bytes: float = 0.0           # bytes of each message crossing ranks (with `link`)
     # Activation offload (kinds Off and Re): a copy of a forward's saved activations,
     # `activation_bytes` per microbatch (a rank's worth, divided as F), takes
-    # activation_bytes / offload_bandwidth on the rank's side lane. The default bandwidth is a
+    # activation_bytes / offload_bandwidth on the rank's copy lane. The default bandwidth is a
     # PCIe 4.0 x16 host link's ~25 GB/s one way; with no bytes given, copies are free.
     activation_bytes: Cost = 0.0
     offload_bandwidth: float = 25e9

@@ -18,7 +18,7 @@ from ..support.atomic import replacing
 from ..support.drawers import draw
 from ..schedules.actions import Action
 from ..schedules.kinds import (BACKWARD, FORWARD, INPUT_GRAD, byte_rules, collective_kinds,
-                               comm_kinds, kinds_with_role)
+                               kinds_with_role, side_lanes)
 from ..schedules.base import Schedule
 from ..schedules.graph import members_of
 
@@ -118,23 +118,27 @@ class Timeline:
         return max(e.end for e in self.events) - self.start
 
     def busy(self) -> dict[int, float]:
-        """Busy (computing) time per rank; communication-lane events (a gradient all-reduce,
-        which runs beside the compute) are not counted."""
+        """Busy (computing) time per rank; events beside the compute (a gradient all-reduce on
+        the communication lane, a copy on the copy lane) are not counted."""
         out = {r: 0.0 for r in range(self.ranks)}
-        beside = comm_kinds()
+        beside = side_lanes()
         for e in self.events:
             if e.action.parts[0].kind not in beside:
                 out[e.rank] += e.duration
         return out
 
+    def side_events(self, lane: str) -> list[Event]:
+        """Events on the ranks' `lane` ("comm" or "copy"), in start order."""
+        beside = side_lanes()
+        return [e for e in self.events if beside.get(e.action.parts[0].kind) == lane]
+
     def comm_events(self) -> list[Event]:
         """Events on the ranks' communication lanes (gradient all-reduces), in start order."""
-        beside = comm_kinds()
-        return [e for e in self.events if e.action.parts[0].kind in beside]
+        return self.side_events("comm")
 
     def compute_end(self) -> float:
-        """When the last compute (not communication-lane) action ends, relative to `start`."""
-        beside = comm_kinds()
+        """When the last compute (not side-lane) action ends, relative to `start`."""
+        beside = side_lanes()
         return max((e.end for e in self.events if e.action.parts[0].kind not in beside),
                    default=self.start) - self.start
 
@@ -251,22 +255,22 @@ class Timeline:
 
     def _lane_predecessors(self) -> dict[Event, list[Event]]:
         """Per event, the events that may have held up its start on its own ranks: the previous
-        one on its lane (compute, or the communication lane) in program order; for a collective,
-        that of every member, and on the communication lane also the compute each member ran
+        one on its lane (compute, the communication or the copy lane) in program order; for a
+        collective, that of every member, and on a side lane also the compute each member ran
         just before reaching it (a collective starts once every member has arrived)."""
-        beside, together = comm_kinds(), collective_kinds()
+        beside, together = side_lanes(), collective_kinds()
         by_rank = {(e.rank, e.action): e for e in self.events}
         sched = self.dependency_schedule()
         lane_before: dict[tuple[int, object], tuple[Event | None, Event | None]] = {}
         for r in range(self.ranks):
             order = sched.actions[r] if r < len(sched.actions) else []
-            latest: dict[bool, Event] = {}
+            latest: dict[str | None, Event] = {}      # lane (None: the compute) -> last event
             for item in order:
                 e = by_rank.get((r, item))
                 if e is None:
                     continue
-                aside = item.parts[0].kind in beside
-                lane_before[(r, item)] = (latest.get(aside), latest.get(False) if aside else None)
+                aside = beside.get(item.parts[0].kind)
+                lane_before[(r, item)] = (latest.get(aside), latest.get(None) if aside else None)
                 latest[aside] = e
         out: dict[Event, list[Event]] = {}
         for e in self.events:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from ..schedules.kinds import KIND_SPECS, ROLES, comm_kinds
+from ..schedules.kinds import KIND_SPECS, ROLES, side_lanes
 from .plots_fit import (MARGINS, figure_axes as _axes, fitted_label_class,  # noqa: F401
                         legend_covers, place_legend)
 from ..support.drawers import register_drawer
@@ -70,6 +70,15 @@ def label_candidates(parts, chunks: dict[int, int]) -> list[str]:
     return list(dict.fromkeys([full, plain, str(numbered[0].microbatch)]))
 
 
+def _lane_rows(copies: bool) -> dict[str, tuple[float, float]]:
+    """{lane: (offset from the rank's row centre, height)}: the compute box fills the row, the
+    communication lane is a strip under it; a copy lane, where there is one, a strip above it
+    (the compute box then gives it room, so no strip touches the next rank's)."""
+    if not copies:
+        return {"compute": (-0.4, 0.8), "comm": (0.41, 0.14)}
+    return {"copy": (-0.47, 0.13), "compute": (-0.32, 0.72), "comm": (0.41, 0.13)}
+
+
 def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None = None,
                critical_path: bool = False, phases: bool = False, legend: bool = True):
     """One row per rank (rank 0 on top); a box per action, coloured by kind, with its microbatch.
@@ -88,14 +97,17 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     chunks = chunk_of(timeline)
     multi = max(chunks.values(), default=0) > 0
     bars, labels = {}, {}
-    beside = comm_kinds()     # communication-lane kinds: a thin strip under the rank's row
+    beside = side_lanes()     # kinds beside the compute: a thin strip by the rank's row
+    rows = _lane_rows(any(beside.get(e.action.parts[0].kind) == "copy"
+                          for e in timeline.events))
     for e in timeline.events:
         left, width = (e.start - t0) * scale, e.duration * scale
         chunk = chunks.get(e.action.stage, 0)
         hatch = CHUNK_HATCHES[chunk % len(CHUNK_HATCHES)] if multi else ""
         parts = e.action.parts
-        lane = parts[0].kind in beside
-        y, height = (e.rank + 0.41, 0.14) if lane else (e.rank - 0.4, 0.8)
+        lane = beside.get(parts[0].kind)
+        offset, height = rows[lane or "compute"]
+        y = e.rank + offset
         patch = Rectangle((left, y), width, height, facecolor=kind_colour(parts[0].kind),
                           edgecolor="white", linewidth=0.5, hatch=hatch or None,
                           hatchcolor="white", zorder=2)
@@ -105,7 +117,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
         patch.pipelab_overlays = []
         for k, part in enumerate(parts[1:], start=1):
             share = width / len(parts)
-            overlay = Rectangle((left + k * share, e.rank - 0.4), share, 0.8,
+            overlay = Rectangle((left + k * share, y), share, height,
                                 facecolor=kind_colour(part.kind), edgecolor="white",
                                 linewidth=0.5, zorder=2.5)
             overlay.pipelab_colour = overlay.get_facecolor()
@@ -125,7 +137,8 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
             ax.add_artist(labels[e])
     ax.pipelab_bars, ax.pipelab_labels = bars, labels
     handles = [Patch(color=kind_colour(k),
-                     label=f"{kind_legend(k)}\n(comm lane)" if k in beside else kind_legend(k))
+                     label=f"{kind_legend(k)}\n({beside[k]} lane)" if k in beside
+                     else kind_legend(k))
                for k in sorted({part.kind for e in timeline.events for part in e.action.parts},
                                key=_legend_order)]
     if multi:
