@@ -11,10 +11,12 @@ import re
 from pathlib import Path
 
 import pytest
+import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 import pipelab as pl
 from pipelab.bench import papers
-from pipelab.sim.flops import layer_activation_bytes
+from pipelab.sim.flops import layer_activation_bytes, model_flops
 from pipelab.sim.shape import shape_profile
 
 UNIT = pl.Device("unit", peak_flops=1.0, efficiency=1.0, link_latency=0.0,
@@ -45,6 +47,16 @@ def test_the_output_layer_costs_2bshv_per_pass_on_the_last_stage():
     c = _costs()
     head = 2 * B * S * H * V
     assert (c.F[1] - c.F[0], c.I[1] - c.I[0], c.W[1] - c.W[0]) == (head, head, head)
+
+
+def test_our_flop_count_is_torchs_for_the_toy_model():
+    """An independent count: torch's FLOP counter over the toy GPT's forward and backward (its
+    matmuls, attention's included) agrees with the formulas exactly."""
+    cfg = pl.ModelConfig(n_layers=2, d_model=64, n_heads=4, seq_len=32, vocab_size=64)
+    model, idx = pl.ToyGPT(cfg), torch.randint(64, (3, 32), generator=torch.Generator().manual_seed(0))
+    with FlopCounterMode(display=False) as counter:
+        pl.loss_fn(model(idx), idx).backward()
+    assert model_flops(64, 2, 32, 64, 3, ffn=cfg.ffn_width) == counter.get_total_flops()
 
 
 def test_recomputation_is_charged_to_the_input_gradient():
