@@ -32,14 +32,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..schedules import schedule as make_schedule
-from ..schedules.kinds import comm_kinds
 from ..sim.costs import Costs
 from ..sim.device import Device
 from ..sim.flops import attention_flops, layer_activation_bytes, layer_flops
-from ..sim.shape import ModelShape, StageProfile, shape_profile
+from ..sim.scale import (GIB, balanced_layers, bubble_rate, interlaced, mfu, peak_bytes,
+                         simulate_shape)
+from ..sim.shape import ModelShape, shape_profile
 from ..sim.simulate import simulate
-
-GIB = 2 ** 30     # Megatron's memory report divides by 1024³
 
 
 @dataclass(frozen=True)
@@ -85,87 +84,6 @@ VOCAB_P, VOCAB_M = 8, 128
 def vocab_shape(seq_len: int, vocab: int) -> ModelShape:
     """The vocabulary artifact's ≈4B model (artifact/README.md)."""
     return ModelShape(hidden=3072, layers=32, heads=24, seq_len=seq_len, vocab=vocab, ffn=12288)
-
-
-def balanced_layers(shape: ModelShape, stages: int, device: Device = A100_80,
-                    microbatch: int = 1) -> list[float]:
-    """Blocks per stage (fractional) that make every stage's F + I + W equal with the output
-    layer on the last stage: what the zero-bubble authors' k·p − 2 layout aims at (their
-    embedding and output layer each cost about a block; our embedding is a free lookup)."""
-    probe = shape_profile(shape, microbatch, 2, device, layers_per_stage=[shape.layers, 0])
-    t = probe.table
-    head = t["F"][1] + t["I"][1] + t["W"][1]
-    block = (t["F"][0] + t["I"][0] + t["W"][0]) / shape.layers
-    share = (shape.layers + head / block) / stages
-    last = max(0.0, share - head / block)
-    rest = (shape.layers - last) / (stages - 1)
-    return [rest] * (stages - 1) + [last]
-
-
-def run(name: str, shape: ModelShape, ranks: int, microbatches: int, device: Device = A100_80,
-        chunks: int = 1, microbatch: int = 1, layers_per_stage=None, recompute=None,
-        memory_limit=None, tensor_parallel: int = 1):
-    """(timeline, profile) of schedule `name` simulated with `shape`'s costs on `device`."""
-    stages = ranks * chunks
-    vocab = name if name in ("vocab-1", "vocab-2") else None
-    prof = shape_profile(shape, microbatch, stages, device, tensor_parallel, recompute, vocab,
-                         layers_per_stage, ranks=ranks)
-    costs = Costs.per_stage(**prof.table)
-    options = {"chunks": chunks} if chunks > 1 else {}
-    if name == "zb-auto":
-        options = {"costs": costs, "memory_limit": memory_limit}
-    sched = make_schedule(name, ranks=ranks, microbatches=microbatches, **options)
-    return simulate(sched, costs), prof
-
-
-def bubble_rate(timeline) -> float:
-    """The zero-bubble paper's bubble rate (§5.3): (cost − busy) / cost, cost the longest
-    per-rank span (first compute start to last compute end), busy that rank's compute."""
-    beside, spans, busy = comm_kinds(), {}, {}
-    for e in timeline.events:
-        if e.action.parts[0].kind in beside:
-            continue
-        first, last = spans.get(e.rank, (e.start, e.end))
-        spans[e.rank] = (min(first, e.start), max(last, e.end))
-        busy[e.rank] = busy.get(e.rank, 0.0) + e.duration
-    rank = max(spans, key=lambda r: spans[r][1] - spans[r][0])
-    cost = spans[rank][1] - spans[rank][0]
-    return (cost - busy[rank]) / cost
-
-
-def peak_bytes(timeline, prof: StageProfile, held: float = 1.0) -> float:
-    """The largest rank's peak: its stages' parameters, gradients and optimizer state, plus its
-    peak count of live microbatch-stages (× `held`) × a stage's activations (the heaviest it
-    holds), plus what a vocabulary pass S keeps for its T (one microbatch's)."""
-    sched, out = timeline.schedule, []
-    for rank, count in timeline.peak_activations().items():
-        mine = [s for s, owner in enumerate(sched.placement) if owner == rank]
-        out.append(sum(prof.static_bytes[s] for s in mine) + prof.shard_bytes
-                   + held * count * max(prof.activation_bytes[s] for s in mine))
-    return max(out)
-
-
-def interlaced(shape: ModelShape, ranks: int, microbatches: int, device: Device = A100_80,
-               recompute=None):
-    """(timeline, profile) of the vocabulary paper's interlaced baseline, modelled: the output
-    layer split over every rank as Vocab-1 splits it, but run synchronously inside 1F1B — each
-    rank's F carries its shard's S and the barrier C0, its backward its T and the barrier C1,
-    none of it hidden. (Its memory, 1.5 times 1F1B's activations, is the paper's figure:
-    `peak_bytes(..., held=1.5)`.)"""
-    prof = shape_profile(shape, 1, ranks, device, recompute=recompute,
-                         vocab_schedule="vocab-1")
-    table, kinds = dict(prof.table), prof.table["kinds"]
-    table["F"] = [f + kinds["S"] + kinds["Cs"] + kinds["Vf"] for f in table["F"]]
-    table["I"] = [i + kinds["T"] + kinds["Ct"] + kinds["Vb"] for i in table["I"]]
-    table["kinds"] = {}
-    costs = Costs.per_stage(**table)
-    return simulate(make_schedule("1f1b", ranks=ranks, microbatches=microbatches), costs), prof
-
-
-def mfu(timeline, prof: StageProfile, microbatches: int) -> float:
-    """Model FLOPs utilisation: the model's FLOPs over the step's time × ranks × peak."""
-    return microbatches * prof.flops_per_microbatch / (
-        timeline.makespan * timeline.ranks * prof.device.peak_flops)
 
 
 # --- the rows ----------------------------------------------------------------------------------
@@ -220,13 +138,14 @@ def zero_bubble_rows(device: Device = A100_80) -> list[Row]:
     """Table 5 (6.2B, p = 8, m = 24), §6 (ZB-V, 28.3B, p = 32, m = 96), Table 4 (1.5B)."""
     p, m = 8, 24
     even = balanced_layers(ZB_6B, p, device)
-    runs = {"1F1B": run("1f1b", ZB_6B, p, m, device, layers_per_stage=even),
-            "1F1B-I": run("interleaved-1f1b", ZB_6B, p, m, device, chunks=2,
+    runs = {"1F1B": simulate_shape("1f1b", ZB_6B, p, m, device, layers_per_stage=even),
+            "1F1B-I": simulate_shape("interleaved-1f1b", ZB_6B, p, m, device, chunks=2,
                           layers_per_stage=balanced_layers(ZB_6B, 2 * p, device)),
-            "ZB-H1": run("zb-h1", ZB_6B, p, m, device, layers_per_stage=even),
-            "ZB-H2": run("zb-h2", ZB_6B, p, m, device, layers_per_stage=even),
-            "ZB-1p": run("zb-auto", ZB_6B, p, m, device, layers_per_stage=even, memory_limit=p),
-            "ZB-2p": run("zb-auto", ZB_6B, p, m, device, layers_per_stage=even,
+            "ZB-H1": simulate_shape("zb-h1", ZB_6B, p, m, device, layers_per_stage=even),
+            "ZB-H2": simulate_shape("zb-h2", ZB_6B, p, m, device, layers_per_stage=even),
+            "ZB-1p": simulate_shape("zb-auto", ZB_6B, p, m, device, layers_per_stage=even,
+                                    memory_limit=p),
+            "ZB-2p": simulate_shape("zb-auto", ZB_6B, p, m, device, layers_per_stage=even,
                          memory_limit=2 * p)}
     published = {"1F1B": 0.2347, "1F1B-I": 0.0808, "ZB-H1": 0.1323, "ZB-H2": 0.0698,
                  "ZB-1p": 0.1323, "ZB-2p": 0.0029}
@@ -234,9 +153,9 @@ def zero_bubble_rows(device: Device = A100_80) -> list[Row]:
                  bubble_rate(tl), 0.03, "stages balanced by cost (fractional blocks); A100-80GB; "
                  "the paper's longest-span convention", "ZB Table 5", compare="difference")
             for name, (tl, _prof) in runs.items()]
-    zbv, _ = run("zb-v", ZB_28B, 32, 96, device, chunks=2,
+    zbv, _ = simulate_shape("zb-v", ZB_28B, 32, 96, device, chunks=2,
                  layers_per_stage=balanced_layers(ZB_28B, 64, device))
-    base, _ = run("1f1b", ZB_28B, 32, 96, device,
+    base, _ = simulate_shape("1f1b", ZB_28B, 32, 96, device,
                   layers_per_stage=balanced_layers(ZB_28B, 32, device))
     for name, tl, value in (("ZB-V", zbv, 0.0593), ("1F1B", base, 0.2676)):
         rows.append(_row("ZB", f"bubble rate {name}, 28.3B p=32 m=96", value, bubble_rate(tl),
@@ -250,12 +169,12 @@ def _throughput_rows(device: Device) -> list[Row]:
     """Table 4, 1.5B on 8 GPUs, m = 24: samples per GPU per second, as ratios to 1F1B."""
     p, m = 8, 24
     even = balanced_layers(ZB_1B, p, device)
-    spans = {"1F1B": run("1f1b", ZB_1B, p, m, device, layers_per_stage=even)[0].makespan,
-             "1F1B-I": run("interleaved-1f1b", ZB_1B, p, m, device, chunks=2,
+    spans = {"1F1B": simulate_shape("1f1b", ZB_1B, p, m, device, layers_per_stage=even)[0].makespan,
+             "1F1B-I": simulate_shape("interleaved-1f1b", ZB_1B, p, m, device, chunks=2,
                            layers_per_stage=balanced_layers(ZB_1B, 2 * p, device))[0].makespan,
-             "ZB-1p": run("zb-auto", ZB_1B, p, m, device, layers_per_stage=even,
+             "ZB-1p": simulate_shape("zb-auto", ZB_1B, p, m, device, layers_per_stage=even,
                           memory_limit=p)[0].makespan,
-             "ZB-2p": run("zb-auto", ZB_1B, p, m, device, layers_per_stage=even,
+             "ZB-2p": simulate_shape("zb-auto", ZB_1B, p, m, device, layers_per_stage=even,
                           memory_limit=2 * p)[0].makespan}
     published = {"1F1B-I": 13.1, "ZB-1p": 12.9, "ZB-2p": 14.5}
     rows = []
@@ -272,13 +191,13 @@ def _artifact_runs(seq_len: int, vocab: int, device: Device) -> dict:
     shape = vocab_shape(seq_len, vocab)
     # flash attention keeps no s² scores and recomputes them in its backward: the bytes and
     # FLOPs of selective recomputation
-    out = {"baseline": run("1f1b", shape, VOCAB_P, VOCAB_M, device, recompute="selective"),
-           "vocab-1": run("vocab-1", shape, VOCAB_P, VOCAB_M, device, recompute="selective"),
-           "vocab-2": run("vocab-2", shape, VOCAB_P, VOCAB_M, device, recompute="selective")}
-    out["interlaced"] = interlaced(shape, VOCAB_P, VOCAB_M, device, recompute="selective")
+    kw = dict(ranks=VOCAB_P, microbatches=VOCAB_M, device=device, recompute="selective")
+    out = {name: simulate_shape(name if name != "baseline" else "1f1b", shape, **kw)
+           for name in ("baseline", "vocab-1", "vocab-2")}
+    out["interlaced"] = interlaced(shape, **kw)
     if (seq_len, vocab) in REDISTRIBUTED:
-        out["redis"] = run("1f1b", shape, VOCAB_P, VOCAB_M, device, recompute="selective",
-                           layers_per_stage=REDISTRIBUTED[(seq_len, vocab)])
+        out["redis"] = simulate_shape("1f1b", shape, **kw,
+                                      layers_per_stage=REDISTRIBUTED[(seq_len, vocab)])
     return out
 
 
@@ -287,23 +206,55 @@ def _artifact_runs(seq_len: int, vocab: int, device: Device) -> dict:
 REDISTRIBUTED = {(4096, 256_000): [4, 4, 4, 5, 5, 5, 5, 0]}
 # artifact/example-results/full-exp.txt: (seq, vocab) → method → (MFU %, peak memory GB)
 ARTIFACT = {
-    (2048, 32_000): {"baseline": (47.52, 16.01), "vocab-1": (53.10, 16.64), "vocab-2": (52.56, 15.87),
-        "interlaced": (54.01, 17.87)},
-    (2048, 64_000): {"baseline": (40.82, 17.74), "vocab-1": (52.74, 17.48), "vocab-2": (52.36, 16.64),
-        "interlaced": (53.81, 18.63)},
-    (2048, 128_000): {"baseline": (33.70, 21.00), "vocab-1": (52.22, 18.40), "vocab-2": (51.95, 17.56),
-        "interlaced": (53.55, 19.70)},
-    (2048, 256_000): {"baseline": (17.29, 35.56), "vocab-1": (51.73, 19.44), "vocab-2": (51.20, 18.85),
-        "interlaced": (53.14, 21.15)},
-    (4096, 32_000): {"baseline": (52.82, 22.23), "vocab-1": (58.52, 24.97), "vocab-2": (58.23, 23.39),
-        "interlaced": (59.39, 27.38)},
-    (4096, 64_000): {"baseline": (45.78, 23.98), "vocab-1": (58.22, 24.58), "vocab-2": (57.94, 23.14),
-        "interlaced": (59.01, 27.43)},
-    (4096, 128_000): {"baseline": (37.13, 27.22), "vocab-1": (57.87, 26.10), "vocab-2": (57.40, 24.56),
-        "interlaced": (58.61, 29.04)},
-    (4096, 256_000): {"baseline": (27.63, 33.86), "redis": (42.45, 33.72),
-                      "vocab-1": (57.31, 27.38), "vocab-2": (56.61, 26.25),
-        "interlaced": (58.04, 30.72)},
+    (2048, 32_000): {
+        "baseline": (47.52, 16.01),
+        "vocab-1": (53.10, 16.64),
+        "vocab-2": (52.56, 15.87),
+        "interlaced": (54.01, 17.87),
+    },
+    (2048, 64_000): {
+        "baseline": (40.82, 17.74),
+        "vocab-1": (52.74, 17.48),
+        "vocab-2": (52.36, 16.64),
+        "interlaced": (53.81, 18.63),
+    },
+    (2048, 128_000): {
+        "baseline": (33.70, 21.00),
+        "vocab-1": (52.22, 18.40),
+        "vocab-2": (51.95, 17.56),
+        "interlaced": (53.55, 19.70),
+    },
+    (2048, 256_000): {
+        "baseline": (17.29, 35.56),
+        "vocab-1": (51.73, 19.44),
+        "vocab-2": (51.20, 18.85),
+        "interlaced": (53.14, 21.15),
+    },
+    (4096, 32_000): {
+        "baseline": (52.82, 22.23),
+        "vocab-1": (58.52, 24.97),
+        "vocab-2": (58.23, 23.39),
+        "interlaced": (59.39, 27.38),
+    },
+    (4096, 64_000): {
+        "baseline": (45.78, 23.98),
+        "vocab-1": (58.22, 24.58),
+        "vocab-2": (57.94, 23.14),
+        "interlaced": (59.01, 27.43),
+    },
+    (4096, 128_000): {
+        "baseline": (37.13, 27.22),
+        "vocab-1": (57.87, 26.10),
+        "vocab-2": (57.40, 24.56),
+        "interlaced": (58.61, 29.04),
+    },
+    (4096, 256_000): {
+        "baseline": (27.63, 33.86),
+        "redis": (42.45, 33.72),
+        "vocab-1": (57.31, 27.38),
+        "vocab-2": (56.61, 26.25),
+        "interlaced": (58.04, 30.72),
+    },
 }
 MFU_TOLERANCE = 0.20
 MEMORY_TOLERANCE = 0.10
@@ -417,7 +368,7 @@ def stp_rows(devices=("A800", "H20")) -> list[Row]:
         even = balanced_layers(shape, 2 * p, device)
         spans = {}
         for sched in ("stp", "zb-v", "interleaved-1f1b"):
-            tl, prof = run(sched, shape, p, m, device, chunks=2, layers_per_stage=even,
+            tl, prof = simulate_shape(sched, shape, p, m, device, chunks=2, layers_per_stage=even,
                            tensor_parallel=t)
             spans[sched] = tl.makespan
         share = prof.table["tp_allreduce"][0] / prof.table["F"][0]
@@ -444,7 +395,8 @@ def check(rows: list[Row]) -> list[Row]:
 
 def format_table(rows: list[Row]) -> str:
     """The table as text, then every gap's explanation under its number."""
-    head = f"{'paper':6} {'figure':58} {'published':>10} {'ours':>10} {'ratio':>6} {'tol':>6}  status"
+    head = (f"{'paper':6} {'figure':58} {'published':>10} {'ours':>10} {'ratio':>6} {'tol':>6}"
+            f"  status")
     lines, gaps, said = [head, "-" * len(head)], [], None
     for r in rows:
         tol = f"±{r.tolerance:g}" if r.compare == "difference" else f"±{r.tolerance:.0%}"
