@@ -10,6 +10,7 @@ from ..sim.shape import ModelShape
 from ..views import ui
 
 METHODS = ("baseline", "vocab-1", "vocab-2", "interlaced")
+A100_80 = Device.named("A100-80GB")         # the artifact's GPUs
 COLOURS = {"baseline": "#7F7F7F", "vocab-1": "#8C564B", "vocab-2": "#E377C2",
            "interlaced": "#17BECF"}
 
@@ -20,7 +21,7 @@ def artifact_shape(seq_len: int, vocab: int) -> ModelShape:
 
 
 def methods_at(seq_len: int, vocab: int, ranks: int = 8, microbatches: int = 128,
-               device: Device | None = None) -> dict:
+               device: Device = A100_80) -> dict:
     """{method: (MFU, peak GB per rank list)} simulated for the artifact's model: the baseline
     (1F1B, output layer on the last stage), Vocab-1, Vocab-2 and the interlaced model. Flash
     attention is modelled as selective recomputation (its bytes and FLOPs)."""
@@ -45,7 +46,7 @@ def _per_rank_gb(timeline, prof, held: float) -> list[float]:
 
 
 def vocab_sweep(seq_len: int, vocabs, ranks: int = 8, microbatches: int = 128,
-                device: Device | None = None) -> list[dict]:
+                device: Device = A100_80) -> list[dict]:
     """One row per vocabulary: {"vocab", method: MFU, f"{method} GB": the fullest rank's GB}."""
     rows = []
     for vocab in vocabs:
@@ -103,9 +104,10 @@ def plot_rows(rows, title: str = "ours (simulated) over the paper's figure, per 
     return fig
 
 
-def explorer(measured: dict | None = None):
+def explorer(measured: dict | None = None, device: Device = A100_80):
     """Sliders: sequence, vocabulary, pipeline ranks; MFU of each method and GB per rank,
-    simulated at the artifact's model (with the artifact's measured MFU where it ran)."""
+    simulated at the artifact's model on `device` (with the artifact's measured MFU where it
+    ran)."""
     import ipywidgets as w
     controls = {
         "seq_len": ui.control(w.Dropdown, "sequence", options=[1024, 2048, 4096, 8192],
@@ -117,7 +119,7 @@ def explorer(measured: dict | None = None):
 
     def draw(seq_len: int, vocab: int, ranks: int) -> None:
         import matplotlib.pyplot as plt
-        at = methods_at(seq_len, vocab, ranks=ranks)
+        at = methods_at(seq_len, vocab, ranks=ranks, device=device)
         fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
         names = list(at)
         left.bar(names, [100 * at[n][0] for n in names], color=[COLOURS[n] for n in names])
