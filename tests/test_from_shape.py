@@ -17,6 +17,7 @@ from torch.utils.flop_counter import FlopCounterMode
 import pipelab as pl
 from pipelab.bench import papers
 from pipelab.sim.flops import layer_activation_bytes, model_flops
+from pipelab.sim.scale import mfu, simulate_shape
 from pipelab.sim.shape import shape_profile
 
 UNIT = pl.Device("unit", peak_flops=1.0, efficiency=1.0, link_latency=0.0,
@@ -170,6 +171,16 @@ def test_fit_cpu_measures_an_efficiency_below_the_gemm_peak():
     cpu = pl.Device.fit_cpu(cfg, rows=2, repeats=2, gemm=256)
     assert cpu.peak_flops > 1e8                     # even a slow core does 0.1 GFLOP/s
     assert 0 < cpu.efficiency < 1                   # a small model reaches less than a GEMM
+
+
+def test_mfu_counts_every_tensor_shard_as_a_device():
+    shape = pl.ModelShape(hidden=H, layers=4, heads=A, seq_len=S, vocab=V)
+    one, two = (simulate_shape("1f1b", shape, 2, 4, UNIT, tensor_parallel=t) for t in (1, 2))
+    # free links: half the work per shard on twice the devices is the same utilisation
+    assert two[0].makespan == pytest.approx(one[0].makespan / 2)
+    assert mfu(*two, 4) == pytest.approx(mfu(*one, 4))
+    # at one FLOP/s the utilisation is the model's FLOPs over the devices' busy-or-idle seconds
+    assert mfu(*one, 4) == pytest.approx(4 * model_flops(H, 4, S, V, 1) / (one[0].makespan * 2))
 
 
 def test_check_fails_on_an_unexplained_miss_and_on_a_stale_explanation():

@@ -5,7 +5,7 @@ which the notebook imports: data first, drawing here).
 from __future__ import annotations
 
 from ..sim.device import Device
-from ..sim.scale import GIB, interlaced, mfu, peak_bytes, simulate_shape
+from ..sim.scale import GIB, interlaced, mfu, per_rank_bytes, simulate_shape
 from ..sim.shape import ModelShape
 from ..views import ui
 
@@ -34,15 +34,9 @@ def methods_at(seq_len: int, vocab: int, ranks: int = 8, microbatches: int = 128
         else:
             tl, prof = simulate_shape("1f1b" if method == "baseline" else method, shape, **kw)
         held = 1.5 if method == "interlaced" else 1.0
-        out[method] = (mfu(tl, prof, microbatches), _per_rank_gb(tl, prof, held))
+        out[method] = (mfu(tl, prof, microbatches),
+                       [x / GIB for x in per_rank_bytes(tl, prof, held)])
     return out
-
-
-def _per_rank_gb(timeline, prof, held: float) -> list[float]:
-    """Peak GB of each rank (one stage per rank here): static bytes + live activations."""
-    counts = timeline.peak_activations()
-    return [(prof.static_bytes[r] + prof.shard_bytes + held * counts[r] * prof.activation_bytes[r])
-            / GIB for r in range(timeline.ranks)]
 
 
 def vocab_sweep(seq_len: int, vocabs, ranks: int = 8, microbatches: int = 128,

@@ -70,16 +70,21 @@ def bubble_rate(timeline) -> float:
     return (cost - busy[rank]) / cost
 
 
-def peak_bytes(timeline, prof: StageProfile, held: float = 1.0) -> float:
-    """The largest rank's peak: its stages' parameters, gradients and optimizer state, plus its
+def per_rank_bytes(timeline, prof: StageProfile, held: float = 1.0) -> list[float]:
+    """Each rank's peak bytes: its stages' parameters, gradients and optimizer state, plus its
     peak count of live microbatch-stages (× `held`) × a stage's activations (the heaviest it
     holds), plus what a vocabulary pass S keeps for its T (one microbatch's)."""
     sched, out = timeline.schedule, []
-    for rank, count in timeline.peak_activations().items():
+    for rank, count in sorted(timeline.peak_activations().items()):
         mine = [s for s, owner in enumerate(sched.placement) if owner == rank]
         out.append(sum(prof.static_bytes[s] for s in mine) + prof.shard_bytes
                    + held * count * max(prof.activation_bytes[s] for s in mine))
-    return max(out)
+    return out
+
+
+def peak_bytes(timeline, prof: StageProfile, held: float = 1.0) -> float:
+    """The fullest rank's peak bytes (`per_rank_bytes`)."""
+    return max(per_rank_bytes(timeline, prof, held))
 
 
 def interlaced(shape: ModelShape, ranks: int, microbatches: int, device: Device | None = None,
@@ -100,6 +105,8 @@ def interlaced(shape: ModelShape, ranks: int, microbatches: int, device: Device 
 
 
 def mfu(timeline, prof: StageProfile, microbatches: int) -> float:
-    """Model FLOPs utilisation: the model's FLOPs over the step's time × ranks × peak."""
+    """Model FLOPs utilisation: the model's FLOPs over the step's time × devices (pipeline
+    ranks × tensor shards) × peak."""
+    devices = timeline.ranks * prof.tensor_parallel
     return microbatches * prof.flops_per_microbatch / (
-        timeline.makespan * timeline.ranks * prof.device.peak_flops)
+        timeline.makespan * devices * prof.device.peak_flops)

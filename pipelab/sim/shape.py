@@ -21,12 +21,12 @@ so its FLOPs are charged to I. Memory per stage: parameters, gradients and optim
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..checks import positive_int
 from .device import Device
 from .flops import (RECOMPUTE_POLICIES, head_flops, layer_activation_bytes, layer_flops,
-                    layer_parameters, recompute_flops)
+                    layer_parameters, model_flops, recompute_flops)
 
 VOCAB_SCHEDULES = ("vocab-1", "vocab-2")
 # Mixed-precision Adam as Megatron keeps it: bf16 weights (2), fp32 gradients (4), fp32 master
@@ -83,7 +83,7 @@ class StageProfile:
     shard_bytes: float = 0.0
     flops_per_microbatch: float = 0.0       # forward + backward of the whole model (MFU's count)
     device: Device | None = None
-    notes: list[str] = field(default_factory=list)
+    tensor_parallel: int = 1                # shards of each stage (MFU counts every device)
 
 
 def default_layers(layers: int, stages: int, ends: bool = True) -> list[int]:
@@ -187,8 +187,7 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
                  parameter_bytes=[p * 4 for p in params],      # fp32 gradients reduced
                  bandwidth=device.link_bandwidth, latency=device.link_latency)
     return StageProfile(table, layout, acts, [p * BYTES_PER_PARAMETER for p in params], shard,
-                        (shape.layers * sum(layer_flops(h, s, b, f))
-                         + sum(head_flops(h, s, b, V))), device)
+                        model_flops(h, shape.layers, s, V, b, f), device, t)
 
 
 def _vocab_kinds(shape: ModelShape, b: int, t: int, ranks: int, device: Device,
