@@ -36,7 +36,8 @@ from .views import compare, explorer, plots, ui
 __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
     "SCHEDULES", "Action", "Schedule", "ScheduleError", "comm_plan", "loop_placement", "register",
-    "schedule", "v_placement", "Link", "Costs", "Device", "ModelShape", "shape_profile", "simulate", "Event", "Timeline",
+    "schedule", "v_placement", "Link", "Costs", "simulate", "Event", "Timeline",
+    "Device", "ModelShape", "shape_profile",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",
