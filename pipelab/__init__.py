@@ -16,6 +16,8 @@ from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, l
 # simulator
 from .sim import timeline
 from .sim.costs import Costs
+from .sim.device import Device
+from .sim.shape import ModelShape, shape_profile
 from .sim.link import Link
 from .sim.partition import Partition, measure_layer_times, partition
 from .sim.simulate import simulate
@@ -35,6 +37,7 @@ __all__ = [
     "ModelConfig", "ToyGPT", "build_layer", "build_layers", "layer_costs", "loss_fn",
     "SCHEDULES", "Action", "Schedule", "ScheduleError", "comm_plan", "loop_placement", "register",
     "schedule", "v_placement", "Link", "Costs", "simulate", "Event", "Timeline",
+    "Device", "ModelShape", "shape_profile",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
     "evaluate", "sample", "train",
     "Partition", "measure_layer_times", "partition",

@@ -15,6 +15,7 @@ from statistics import median
 from typing import Mapping, Sequence
 
 from .link import Link, check_link
+from .shape import shape_table
 from ..schedules.actions import Action
 from ..schedules.kinds import KIND_SPECS
 
@@ -209,6 +210,14 @@ class Costs:
                 yield name, getattr(self, name)
         for kind, value in self.kinds.items():
             yield f"kinds[{kind!r}]", value
+
+    @classmethod
+    def from_shape(cls, hidden: int, layers: int, heads: int, seq_len: int, vocab: int,
+                   microbatch: int, stages: int, **options) -> "Costs":
+        """The per-stage table of a GPT of this shape on a `device` (sim/shape.py's
+        `shape_table`: its options, formulas and bytes)."""
+        return cls.per_stage(**shape_table(hidden, layers, heads, seq_len, vocab, microbatch,
+                                           stages, **options))
 
     @classmethod
     def from_backward(cls, F: float = 1.0, B: float = 2.0, comm: float = 0.0, **kw) -> "Costs":

@@ -1,0 +1,135 @@
+"""Chapter 14's helpers: the vocabulary paper's sweep at its scale, memory per rank in GB, an
+explorer, and the papers' table drawn (the rows themselves come from pipelab/bench/papers.py,
+which the notebook imports: data first, drawing here).
+"""
+from __future__ import annotations
+
+from ..sim.device import Device
+from ..sim.scale import GIB, interlaced, mfu, per_rank_bytes, simulate_shape
+from ..sim.shape import ModelShape
+from ..views import ui
+
+METHODS = ("baseline", "vocab-1", "vocab-2", "interlaced")
+A100_80 = Device.named("A100-80GB")         # the artifact's GPUs
+COLOURS = {"baseline": "#7F7F7F", "vocab-1": "#8C564B", "vocab-2": "#E377C2",
+           "interlaced": "#17BECF"}
+
+
+def artifact_shape(seq_len: int, vocab: int) -> ModelShape:
+    """The vocabulary artifact's ≈4B GPT (32 blocks, hidden 3072, 24 heads, MLP 12288)."""
+    return ModelShape(hidden=3072, layers=32, heads=24, seq_len=seq_len, vocab=vocab, ffn=12288)
+
+
+def methods_at(seq_len: int, vocab: int, ranks: int = 8, microbatches: int = 128,
+               device: Device = A100_80) -> dict:
+    """{method: (MFU, peak GB per rank list)} simulated for the artifact's model: the baseline
+    (1F1B, output layer on the last stage), Vocab-1, Vocab-2 and the interlaced model. Flash
+    attention is modelled as selective recomputation (its bytes and FLOPs)."""
+    shape = artifact_shape(seq_len, vocab)
+    kw = dict(ranks=ranks, microbatches=microbatches, device=device, recompute="selective")
+    out = {}
+    for method in METHODS:
+        if method == "interlaced":
+            tl, prof = interlaced(shape, **kw)
+        else:
+            tl, prof = simulate_shape("1f1b" if method == "baseline" else method, shape, **kw)
+        held = 1.5 if method == "interlaced" else 1.0
+        out[method] = (mfu(tl, prof, microbatches),
+                       [x / GIB for x in per_rank_bytes(tl, prof, held)])
+    return out
+
+
+def vocab_sweep(seq_len: int, vocabs, ranks: int = 8, microbatches: int = 128,
+                device: Device = A100_80) -> list[dict]:
+    """One row per vocabulary: {"vocab", method: MFU, f"{method} GB": the fullest rank's GB}."""
+    rows = []
+    for vocab in vocabs:
+        at = methods_at(seq_len, vocab, ranks, microbatches, device)
+        row = {"vocab": vocab}
+        for method, (util, gb) in at.items():
+            row[method], row[f"{method} GB"] = util, max(gb)
+        rows.append(row)
+    return rows
+
+
+def plot_vocab_sweep(table: list[dict], measured: dict | None = None, seq_len: int = 4096,
+                     title: str = ""):
+    """MFU against the vocabulary, simulated (lines) and, where given, the artifact's measured
+    points (`measured`: {(seq, vocab): {method: (MFU %, GB)}}), plus peak memory."""
+    import matplotlib.pyplot as plt
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+    xs = [row["vocab"] / 1000 for row in table]
+    for method in METHODS:
+        colour = COLOURS[method]
+        left.plot(xs, [100 * row[method] for row in table], "-", color=colour,
+                  label=f"{method} (simulated)")
+        right.plot(xs, [row[f"{method} GB"] for row in table], "-", color=colour,
+                   label=f"{method} (simulated)")
+        if measured:
+            points = [(v / 1000, figs[method]) for (s, v), figs in measured.items()
+                      if s == seq_len and method in figs]
+            left.plot([x for x, _ in points], [f[0] for _, f in points], "o", color=colour,
+                      label=f"{method} (measured, artifact)")
+            right.plot([x for x, _ in points], [f[1] for _, f in points], "o", color=colour)
+    left.set(xlabel="vocabulary (thousands)", ylabel="MFU (%)",
+             title=title or f"MFU at sequence {seq_len}: simulated (lines), measured (dots)")
+    right.set(xlabel="vocabulary (thousands)", ylabel="peak memory, fullest rank (GiB)",
+              title="peak memory: simulated (lines), measured (dots)")
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    return fig
+
+
+def plot_rows(rows, title: str = "ours (simulated) over the paper's figure, per row"):
+    """Each row's ratio ours/published (log scale), its tolerance band, coloured by status."""
+    import matplotlib.pyplot as plt
+    ratios = [r for r in rows if r.compare == "ratio"]
+    fig, ax = plt.subplots(figsize=(12, 0.18 * len(ratios) + 1))
+    colour = {"ok": "#2CA02C", "gap": "#D62728"}
+    for k, r in enumerate(ratios):
+        ax.plot([1 - r.tolerance, 1 + r.tolerance], [k, k], "-", color="#DDDDDD", lw=5)
+        ax.plot(r.ratio, k, "o", color=colour.get(r.status, "black"))
+    ax.axvline(1.0, color="black", lw=0.8)
+    ax.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=6)
+    ax.set_xscale("log")
+    ax.invert_yaxis()                              # the table's order, top to bottom
+    ax.set(xlabel="ours / published (grey: tolerance; red: outside, explained)", title=title)
+    fig.tight_layout()
+    return fig
+
+
+def explorer(measured: dict | None = None, device: Device = A100_80):
+    """Sliders: sequence, vocabulary, pipeline ranks; MFU of each method and GB per rank,
+    simulated at the artifact's model on `device` (with the artifact's measured MFU where it
+    ran)."""
+    import ipywidgets as w
+    controls = {
+        "seq_len": ui.control(w.Dropdown, "sequence", options=[1024, 2048, 4096, 8192],
+                              value=4096),
+        "vocab": ui.control(w.SelectionSlider, "vocabulary",
+                            options=[32_000, 64_000, 128_000, 256_000, 512_000], value=256_000),
+        "ranks": ui.control(w.Dropdown, "pipeline ranks p", options=[4, 8, 16], value=8),
+    }
+
+    def draw(seq_len: int, vocab: int, ranks: int) -> None:
+        import matplotlib.pyplot as plt
+        at = methods_at(seq_len, vocab, ranks=ranks, device=device)
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
+        names = list(at)
+        left.bar(names, [100 * at[n][0] for n in names], color=[COLOURS[n] for n in names])
+        figures = (measured or {}).get((seq_len, vocab)) if ranks == 8 else None
+        if figures:
+            left.plot([n for n in names if n in figures], [figures[n][0] for n in names
+                                                           if n in figures], "k_", ms=30,
+                      label="measured (artifact)")
+            left.legend(fontsize=8)
+        left.set(ylabel="MFU (%)", title=f"MFU, simulated, s={seq_len}, V={vocab // 1000}k, "
+                                          f"p={ranks}")
+        for n in names:
+            right.plot(range(ranks), at[n][1], "o-", color=COLOURS[n], label=n)
+        right.set(xlabel="rank", ylabel="GiB", title="peak memory per rank, simulated")
+        right.legend(fontsize=8)
+        fig.tight_layout()
+        plt.show()
+
+    return ui.slider_box(controls, draw, min_height="420px")
