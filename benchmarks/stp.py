@@ -196,8 +196,7 @@ def offload_rows(cfg: pl.ModelConfig, args) -> None:
               f"{statistics.median(t.makespan for t in later) * 1e3:13.1f}"
               f"{res.replay.makespan * 1e3:13.1f}{res.simulated.makespan * 1e3:14.1f}"
               f"{res.max_grad_error:14.1e}{str(res.grad_errors == plain.grad_errors):>9}")
-    copy_ms = statistics.median(e.duration for e in runs[1.0].timeline.comm_events()
-                                if e.action.kind in ("Off", "Re"))
+    copy_ms = statistics.median(e.duration for e in runs[1.0].timeline.side_events("copy"))
     print(f"(a measured copy: {copy_ms * 1e3:.3f} ms median; {load_average(1)} load average "
           f"at the end)")
     print(f"\nsimulated, F = I = W = 1 per chunk, p=2, m={OFFLOAD_M}: rank-0 peak (rank units) "
