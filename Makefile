@@ -30,10 +30,12 @@ unit: $(STAMP)
 	PIPELAB_CI=1 $(BIN)/pytest -rs -n 2 --dist loadfile -m "not timing" tests
 	PIPELAB_CI=1 $(BIN)/pytest -rs -m timing tests
 
-# Every notebook top to bottom, serially (nbval -n 2 would split a notebook across workers).
+# Every notebook top to bottom, two notebooks at a time: --dist loadfile keeps each notebook's
+# cells in order on one worker (a notebook holds up beside another: the load harness,
+# benchmarks/under_load.py, runs each beside busy loops).
 notebooks: $(STAMP)
-	PIPELAB_CI=1 $(BIN)/pytest -rs --nbval-lax --nbval-current-env --nbval-cell-timeout=120 \
-		-p no:cacheprovider notebooks/
+	PIPELAB_CI=1 $(BIN)/pytest -rs -n 2 --dist loadfile --nbval-lax --nbval-current-env \
+		--nbval-cell-timeout=120 -p no:cacheprovider notebooks/
 
 clean-venv:
 	rm -rf $(VENV)
