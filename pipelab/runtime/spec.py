@@ -7,6 +7,7 @@ must never reach the workers: a half-started pipeline is much harder to explain 
 from __future__ import annotations
 
 import math
+import operator
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -212,7 +213,7 @@ def _split_layers(model: ModelSource, stages: int, partition) -> tuple[list[tupl
         raise ValueError(f"partition={partition!r}: a custom model is split 'uniform' or by a "
                          f"list of (start, stop) layer ranges, one per stage")
     try:
-        bounds = [(int(a), int(b)) for a, b in bounds]
+        bounds = [(operator.index(a), operator.index(b)) for a, b in bounds]
     except (TypeError, ValueError):
         raise ValueError(f"partition={partition!r}: each stage must be a (start, stop) pair of "
                          f"layer indices") from None
@@ -251,11 +252,16 @@ def _check_custom(model: ModelSource, schedule: Schedule, tensor_parallel: int,
 
 
 def _check_custom_prepared(draft: Draft) -> None:
-    if draft.split_untied or not draft.gradient_check:
-        raise ValueError(f"schedule {draft.schedule.name!r} with a custom model: it "
-                         f"{'shards the vocabulary tables' if draft.split_untied else 'updates the weights inside the schedule, checked against an emulation of the toy GPT'}, "
-                         f"and pipelab knows the toy GPT's layers, not this model's: pick a "
-                         f"schedule of forwards and backwards")
+    """Refuse, once the techniques have prepared, a run one of them reshaped around the GPT."""
+    if draft.split_untied:
+        why = "shards the vocabulary tables"
+    elif not draft.gradient_check:
+        why = "updates the weights inside the schedule, checked against an emulation of the toy GPT"
+    else:
+        return
+    raise ValueError(f"schedule {draft.schedule.name!r} with a custom model: it {why}, and "
+                     f"pipelab knows the toy GPT's layers, not this model's: pick a schedule "
+                     f"of forwards and backwards")
 
 
 def _check_fits(draft: Draft) -> None:
