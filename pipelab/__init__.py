@@ -10,6 +10,7 @@ from .model.data import (ALPHABET, VOCAB_SIZE, decode, encode, get_batch, load_c
                          split_microbatches)
 from .model.gpt import ToyGPT, build_layer, build_layers, layer_costs, loss_fn
 from .model.train import evaluate, sample, train
+from .model.custom import CustomModel
 # schedule language
 from .schedules import (SCHEDULES, Action, Schedule, ScheduleError, comm_plan, loop_placement,
                         register, schedule, v_placement)
@@ -39,7 +40,7 @@ __all__ = [
     "schedule", "v_placement", "Link", "Costs", "simulate", "Event", "Timeline",
     "Device", "ModelShape", "shape_profile",
     "ALPHABET", "VOCAB_SIZE", "decode", "encode", "get_batch", "load_corpus", "split_microbatches",
-    "evaluate", "sample", "train",
+    "evaluate", "sample", "train", "CustomModel",
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
     "Mesh", "allreduce_time", "with_data_parallel", "memory", "noise", "recompute", "with_recompute",

@@ -2,6 +2,7 @@
 
     python -m pipelab run --schedule 1f1b --ranks 2 --microbatches 8 --trace run.json
     torchrun --nproc-per-node 2 -m pipelab run --schedule 1f1b --microbatches 8
+    python -m pipelab run --model mymodel --schedule zb-h1      # your own model (mymodel.py)
 
 Without torchrun the ranks are a LocalCluster of spawned workers. Under torchrun (RANK and
 WORLD_SIZE set) every process joins the gloo group through env:// and runs its own rank
@@ -34,6 +35,13 @@ simulator fed each action's measured CPU time: what dedicated cores would show) 
 the unsplit model on the same batch; and the peak live activation bytes per rank.
 Under torchrun a stuck run ends with gloo's own timeout error (no grid), and measured times
 across machines are only approximate (each machine has its own clock).
+
+Your own model: --model MODULE runs the functions layers(seed), loss(output, targets) and
+batch(batch_size, seed) of MODULE (a .py file importable from here, e.g. mymodel.py in the
+current directory) instead of the toy GPT; --model MODULE:FUNCTION names the layers function,
+and --loss / --batch name the other two ('FUNCTION' in the same module, or 'MODULE:FUNCTION').
+--model-seed seeds its weights; the toy GPT's shape options (--layers, --d-model, --heads,
+--seq-len) do not apply to it. See pipelab/model/custom.py (pl.CustomModel) for the contract.
 Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad arguments."""
 
 
@@ -67,6 +75,13 @@ def _parser():
     add("--chunks", type=int, default=None, metavar="V",
         help=f"stages per rank, for the schedules that take it: {', '.join(chunked)} (default: "
              f"the schedule's own, 2)")
+    add("--model", default=None, metavar="MODULE[:FUNCTION]",
+        help="run your own model instead of the toy GPT: MODULE's layers, loss and batch "
+             "functions (MODULE:FUNCTION names the layers function; see below)")
+    add("--loss", default=None, metavar="[MODULE:]FUNCTION",
+        help="with --model: the loss function (default: MODULE:loss)")
+    add("--batch", default=None, metavar="[MODULE:]FUNCTION",
+        help="with --model: the batch function (default: MODULE:batch)")
     add("--layers", type=int, default=4, metavar="N",
         help="transformer blocks of the toy GPT; the model also has an embedding and a head "
              "(default: 4)")
@@ -102,10 +117,35 @@ def _build(args, ranks: int):
         check_target(args.trace, "--trace")
     options = {} if args.chunks is None else {"chunks": args.chunks}
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
-    cfg = pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
-                         seq_len=args.seq_len, seed=args.model_seed)
+    cfg = _model(args) if args.model is not None else \
+        pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
+                       seq_len=args.seq_len, seed=args.model_seed)
     spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg, **_run_options(args))
     return sched, cfg, spec
+
+
+GPT_SHAPE = {"layers": "--layers", "d_model": "--d-model", "heads": "--heads",
+             "seq_len": "--seq-len"}
+
+
+def _model(args) -> pl.CustomModel:
+    """--model, --loss and --batch as a pl.CustomModel (ValueError when a name is bad)."""
+    defaults = _parser()[1]
+    changed = [flag for key, flag in GPT_SHAPE.items()
+               if getattr(args, key) != defaults.get_default(key)]
+    if changed:
+        raise ValueError(f"{', '.join(changed)} shape the toy GPT; with --model your module "
+                         f"builds the layers: drop them")
+    module, _sep, layers = args.model.partition(":")
+    if not module:
+        raise ValueError(f"--model {args.model!r}: give a module name, e.g. --model mymodel")
+
+    def named(value: str | None, role: str) -> str:
+        if value is None:
+            return f"{module}:{role}"
+        return value if ":" in value else f"{module}:{value}"
+    return pl.CustomModel(layers=f"{module}:{layers or 'layers'}", loss=named(args.loss, "loss"),
+                          batch=named(args.batch, "batch"), seed=args.model_seed)
 
 
 def _run_options(args) -> dict:
@@ -136,10 +176,17 @@ def _report(result, args) -> None:
         print(f"wrote the measured timeline to {path} (Chrome trace: open in ui.perfetto.dev)")
 
 
+def _check_model_flags(args) -> None:
+    if args.model is None and (args.loss is not None or args.batch is not None):
+        raise ValueError("--loss and --batch name functions of your own model: use them with "
+                         "--model")
+
+
 def _local(args, fail) -> int:
     ranks = 2 if args.ranks is None else args.ranks
     try:
         _check_processes(ranks, args.data_parallel)
+        _check_model_flags(args)
         sched, cfg, spec = _build(args, ranks)
     except ValueError as err:
         fail(err)
@@ -178,6 +225,7 @@ def _torchrun(args, fail) -> int:
              f"started {world} processes (--nproc-per-node x nodes); drop --ranks or make "
              f"them equal")
     try:
+        _check_model_flags(args)
         _sched, _cfg, spec = _build(args, world // dp)
     except ValueError as err:
         fail(err)

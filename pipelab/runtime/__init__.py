@@ -11,7 +11,7 @@
     rendezvous.py where the workers meet (this machine)  startup.py   why workers could not start
     heap.py      keep freed memory, as a caching allocator  errors.py  how a run fails
     mesh.py      the processes' (pp, dp, tp) coordinates    techniques.py  where techniques plug in
-    link.py      waiting out an emulated link (pl.Link)
+    link.py      waiting out an emulated link (pl.Link)  boundary.py  tuples, integer tensors across stages
 """
 from .cluster import LocalCluster
 from .errors import PipelineTimeout, WorkerError

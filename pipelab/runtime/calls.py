@@ -14,11 +14,11 @@ as every rank's call makes the matching ones.
 """
 from __future__ import annotations
 
-import importlib
 import pickle
 import time
 from typing import Callable
 
+from ..model.importable import function_name, resolve as resolve_name
 from .board import POLL
 from .errors import PipelineTimeout, WorkerError
 from ..support import noise     # read at call time: a test can stand in for the load reading
@@ -28,50 +28,12 @@ from .result import RunResult
 def target_name(target: "str | Callable") -> str:
     """'package.module:function' for `target` (a name or a function), or ValueError saying why
     the workers could not run it."""
-    if callable(target) and not isinstance(target, str):
-        module = getattr(target, "__module__", None)
-        qualname = getattr(target, "__qualname__", None)
-        if module is None or qualname is None:
-            raise ValueError(f"cluster.call: {target!r} has no module and name; pass a function "
-                             f"defined at the top level of an importable module")
-        name = f"{module}:{qualname}"
-    elif isinstance(target, str):
-        name = target
-    else:
-        raise ValueError(f"cluster.call: target must be 'module:function' or a function, "
-                         f"got {type(target).__name__}")
-    module, sep, qualname = name.partition(":")
-    if not sep or not module or not qualname:
-        raise ValueError(f"cluster.call: {name!r} is not 'package.module:function'")
-    if module == "__main__" or module.startswith("__mp_main__"):
-        raise ValueError(
-            f"cluster.call: {qualname} is defined in __main__ (a notebook cell or the script "
-            f"being run); the workers are separate processes that cannot see it. Move it to a "
-            f"module they can import (a .py file next to the notebook or in your package) and "
-            f"call it as 'module:{qualname}'")
-    if "<locals>" in qualname or "<lambda>" in qualname:
-        raise ValueError(f"cluster.call: {name} is a local function or a lambda; the workers can "
-                         f"only import functions defined at the top level of a module")
-    resolve(name)            # importable here, or a clear error before any worker moves
-    return name
+    return function_name(target, "cluster.call")
 
 
 def resolve(name: str) -> Callable:
     """Import `module:qualname` and return the function (ValueError if it does not exist)."""
-    module_name, _, qualname = name.partition(":")
-    try:
-        obj = importlib.import_module(module_name)
-    except ImportError as err:
-        raise ValueError(f"cluster.call: cannot import module {module_name!r} ({err}); the "
-                         f"workers import the target by name, so it must be importable") from None
-    for part in qualname.split("."):
-        try:
-            obj = getattr(obj, part)
-        except AttributeError:
-            raise ValueError(f"cluster.call: module {module_name!r} has no {qualname!r}") from None
-    if not callable(obj):
-        raise ValueError(f"cluster.call: {name} is a {type(obj).__name__}, not a function")
-    return obj
+    return resolve_name(name, "cluster.call")
 
 
 def run_call(message) -> object:

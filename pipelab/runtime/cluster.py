@@ -121,7 +121,12 @@ class LocalCluster:
             _inject: dict | None = None) -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
-        model: a pl.ModelConfig (default ModelConfig()); every rank builds its stages from it.
+        model: a pl.ModelConfig (default ModelConfig()), or a pl.CustomModel (your layers,
+            loss and batches, named 'module:function'); every rank builds its stages from it.
+            A custom model runs every schedule of forwards and backwards (ZB's I/W split on
+            its nn.Linear layers), data parallelism, `steps=` and the exactness check against
+            its unsplit stack; what needs the GPT's inside (tensor, expert and vocabulary
+            parallelism, recomputation, updates inside the schedule) is refused.
         partition: a pl.Partition, a method ("uniform", "params", "cost"), a layout such as
             "E|t*3|t*3|L", or a list of (start, stop) layer ranges; default uniform.
         seed: seeds the batches (weights come from model.seed); every rank draws the same ones.

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from ..model.data import get_batch
 from ..model.gpt import ModelConfig, ToyGPT, loss_fn
+from ..model.source import take_rows
 from ..model.moe import loss_share
 from ..schedules import comm_plan
 from . import p2p
@@ -77,7 +77,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     if mesh.dp > 1 or mesh.tp > 1:
         for members in mesh.groups().values():   # the mesh's named groups, same order everywhere
             process_group(members)
-    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp))
+    stages = RankStages(spec.cfg, spec.bounds, sched.stages_of(pp), crossing=spec.crossing())
     walk.clear()                       # from here: the technique hooks this run enters
     run = RankRun(spec, rank, pp, replica, shard, stages, board)
     setup_all(spec.techniques, run)    # the run's techniques adapt what the rank holds
@@ -87,7 +87,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
     # bidirectional schedule).
     holds_loss = sched.rank_of(sched.loss_stages()[0]) == pp and replica == 0 and shard == 0
-    generator = torch.Generator().manual_seed(spec.seed)   # the same batches on every rank
+    batches = spec.model.batches(spec.batch_size, spec.seed)   # the same ones on every rank
     report = run.report                # the step hooks add to it
     report.update({"rank": rank, "coords": (pp, replica), "shard": shard, "pid": os.getpid(),
                    "steps": [], "grads": None,
@@ -99,9 +99,9 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
                                      for s, module in stages.modules.items()}})
     rows = slice(replica * spec.rows_per_replica, (replica + 1) * spec.rows_per_replica)
     for k in range(spec.steps):
-        inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len, generator=generator,
-                                    vocab_size=spec.cfg.token_vocab)
-        inputs, targets = inputs[rows], targets[rows]      # this replica's share of the batch
+        inputs, targets = next(batches)
+        # this replica's share of the batch
+        inputs, targets = take_rows(inputs, rows), take_rows(targets, rows)
         stages.zero_grad()
         meter = ActivationMeter(params)
         state = StepState(sched, stages, inputs, targets, meter)
@@ -206,7 +206,7 @@ def _wiring(spec: RunSpec, plan) -> list:
 def _shape(spec: RunSpec, producer) -> tuple:
     """Shape and dtype of what `producer` sends: its handler says, or the stage boundary's."""
     custom = HANDLERS[producer.kind].output
-    return custom(spec, producer) if custom is not None else (spec.boundary_shape(), torch.float32)
+    return custom(spec, producer) if custom is not None else spec.message(producer)
 
 
 def _run_step(spec: RunSpec, rank: int, k: int, plan, wiring, state: StepState, board) -> dict:

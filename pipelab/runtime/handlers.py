@@ -15,7 +15,6 @@ from typing import Callable
 
 import torch
 
-from ..model.gpt import loss_fn
 from ..schedules import Action
 from ..schedules.kinds import OFFLOAD, RELOAD
 from .stage import StepState
@@ -87,8 +86,11 @@ def forward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
 
 
 def forward_input(state: StepState, a: Action, inputs: dict) -> torch.Tensor:
-    """What a forward reads: the activation that arrived, or the microbatch's tokens."""
-    return inputs["x"].requires_grad_() if "x" in inputs else state.microbatches[a.microbatch][0]
+    """What a forward reads: the activation that arrived, or the microbatch's inputs."""
+    if "x" not in inputs:
+        return state.microbatches[a.microbatch][0]
+    crossing = state.stages.inbound.get(a.stage)
+    return inputs["x"].requires_grad_() if crossing is None else crossing.unpack(inputs["x"])
 
 
 def forward_output(state: StepState, a: Action, inp: torch.Tensor,
@@ -99,12 +101,35 @@ def forward_output(state: StepState, a: Action, inp: torch.Tensor,
     ends_in_loss = s in state.last_stages and state.loss_on_last_stage
     if ends_in_loss:
         with state.saving(s, mb):
-            loss = loss_fn(out, state.microbatches[mb][1])
+            loss = state.stages.model.loss(out, state.microbatches[mb][1])
         state.losses[mb] = loss.item()
         # So the microbatch gradients (summed over the replicas) are the batch mean's.
         out = loss / (state.m * state.replicas)
     state.saved[(s, mb)] = (inp, out)
-    return None if ends_in_loss else out.detach()
+    if ends_in_loss:
+        return None
+    crossing = state.stages.outbound.get(s)
+    return out.detach() if crossing is None else crossing.pack(out)
+
+
+def stage_backward(state: StepState, s: int, out, grad) -> None:
+    """autograd's backward from the stage's output `out` (the scaled loss, when `grad` is None)
+    with the gradient message that came back."""
+    crossing = state.stages.outbound.get(s)
+    if crossing is None or grad is None:
+        torch.autograd.backward(out, grad)
+        return
+    tensors, grads = crossing.backward_pairs(out, grad)
+    if tensors:                  # integer outputs only: nothing flows back through them
+        torch.autograd.backward(tensors, grads)
+
+
+def input_gradient(state: StepState, s: int, inp) -> torch.Tensor | None:
+    """What a backward sends to the stage before: the gradient of the stage's input."""
+    if s in state.first_stages:
+        return None
+    crossing = state.stages.inbound.get(s)
+    return inp.grad if crossing is None else crossing.pack_gradient(inp)
 
 
 @register_handler("B")
@@ -112,8 +137,8 @@ def backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | None:
     """Full backward: gradient of the stage input (sent back) and of the weights (accumulated)."""
     inp, out = state.saved.pop((a.stage, a.microbatch))
     # The last stage's output is the scaled loss: its backward starts from 1, not a message.
-    torch.autograd.backward(out, inputs.get("grad"))
-    return inp.grad if a.stage not in state.first_stages else None
+    stage_backward(state, a.stage, out, inputs.get("grad"))
+    return input_gradient(state, a.stage, inp)
 
 
 @register_handler("I")
@@ -124,8 +149,8 @@ def input_backward(state: StepState, a: Action, inputs: dict) -> torch.Tensor | 
     s, mb = a.stage, a.microbatch
     inp, out = state.saved.pop((s, mb))
     with state.weight_grads.deferring(s, mb):
-        torch.autograd.backward(out, inputs.get("grad"))
-    return inp.grad if s not in state.first_stages else None
+        stage_backward(state, s, out, inputs.get("grad"))
+    return input_gradient(state, s, inp)
 
 
 @register_handler("W")

@@ -6,8 +6,6 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from ..model.data import get_batch
-from ..model.gpt import ToyGPT
 from ..schedules.kinds import ACTIVATION, INPUT_GRAD, KIND_SPECS, SAVED
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
@@ -16,7 +14,7 @@ from ..schedules.actions import Action
 from .collectives import ALL_REDUCE
 from .spec import RunSpec
 from .techniques import assemble_all, priced_kinds, walk
-from ..model.memory import _blocks, parameter_bytes
+from ..model.memory import _blocks
 from ..schedules.reductions import REPLICA_SUM
 from ..schedules.routes import replicas
 
@@ -102,7 +100,7 @@ class RunResult:
     def stage_parameter_bytes(self) -> list[int]:
         """Bytes of float32 parameters of each stage (also what its gradient all-reduce moves),
         from the byte model."""
-        return [parameter_bytes(self.spec.cfg, a, b) for a, b in self.spec.bounds]
+        return [self.spec.model.parameter_bytes(a, b) for a, b in self.spec.bounds]
 
     def predicted(self, bandwidth: float, latency: float = 0.0) -> Timeline:
         """The simulator's prediction for this run: each compute kind at its measured median
@@ -115,7 +113,7 @@ class RunResult:
                         bandwidth=bandwidth, latency=latency,
                         parameter_bytes=self.stage_parameter_bytes(), replicas=self.data_parallel)
         tl = simulate(self.schedule, costs, source="simulated",
-                                 i_frees=0.0 if self.i_frees is None else self.i_frees)
+                                 i_frees=freed_share(self.i_frees))
         tl.title = f"{self.schedule.name}, all-reduce at {bandwidth / 1e9:.3g} GB/s"
         return tl
 
@@ -322,6 +320,13 @@ def _i_frees(reports: list[dict], k: int) -> float | None:
     return statistics.median(shares) if shares else None
 
 
+def freed_share(i_frees: float | None) -> float:
+    """The measured share an I frees, as the simulator takes it (0..1). A stack whose Linears
+    hold more than its other saved tensors (a small MLP) grows during I — the (x, dy) pairs it
+    keeps for W outweigh what it frees — and is simulated as freeing nothing."""
+    return 0.0 if i_frees is None else min(max(i_frees, 0.0), 1.0)
+
+
 def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     """The fitted compute costs with the communication priced by the run's link, as the
     runtime waited it out: each message crossing ranks α + bytes/β (the stage boundary's
@@ -334,7 +339,7 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
     link, mesh = spec.link, spec.mesh
     # the formulas price these: the gradient sums, and what the techniques say they price
     priced = {ALL_REDUCE, REPLICA_SUM} | priced_kinds(spec.techniques)
-    message = 4 * spec.rows_per_microbatch * spec.cfg.seq_len * spec.cfg.d_model   # float32
+    message = spec.message_bytes()
     reduced: dict[int, int] = {}
     inside: dict[tuple[str, int], list[float]] = {}     # (kind, stage) -> all-to-all seconds
     for rep in reports:
@@ -359,18 +364,12 @@ def _on_link(spec: RunSpec, fitted: Costs, reports: list[dict]) -> Costs:
 
 
 def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
-    """Loss and gradients of the unsplit ToyGPT on the first batch; max relative grad error
+    """Loss and gradients of the unsplit model on the first batch; max relative grad error
     (over every copy of a parameter: `grads[name]` is a tensor, or a list of the copies that
     weight replicas hold)."""
-    model = ToyGPT(spec.cfg)
-    inputs, targets = get_batch(spec.batch_size, spec.cfg.seq_len,
-                                generator=torch.Generator().manual_seed(spec.seed),
-                                vocab_size=spec.cfg.token_vocab)
-    loss = model.loss(inputs, targets)
-    loss.backward()
+    loss, reference = spec.model.reference(spec.batch_size, spec.seed)
     errors = {}
-    for name, p in model.named_parameters():
-        ref = p.grad if p.grad is not None else torch.zeros_like(p)
+    for name, ref in reference.items():
         copies = grads.get(name)
         if isinstance(copies, torch.Tensor):
             copies = [copies]                 # one copy, given as the tensor itself
@@ -378,7 +377,7 @@ def reference_check(spec: RunSpec, grads: dict) -> tuple[float, float, dict]:
             raise RuntimeError(f"no rank returned a gradient for {name}")
         scale = max(ref.abs().max().item(), 1e-12)
         errors[name] = max(((got - ref).abs().max() / scale).item() for got in copies)
-    return loss.item(), max(errors.values()), errors
+    return loss, max(errors.values()), errors
 
 
 def _replicated_layers(spec: RunSpec) -> set[int]:
@@ -449,9 +448,9 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
         fitted = _on_link(spec, fitted, reports)
         replayed = replace(fitted, per_action=cpu)
     replay = simulate(sched, replayed, source="replayed",
-                                 i_frees=0.0 if i_frees is None else i_frees)
+                                 i_frees=freed_share(i_frees))
     modelled = simulate(sched, fitted, source="simulated",
-                                   i_frees=0.0 if i_frees is None else i_frees)
+                                   i_frees=freed_share(i_frees))
     wait = {rep["rank"]: sum(start - w for _i, _a, w, start, _e, _c, _m in rep["steps"][last]["actions"])
             for rep in reports}
     result = RunResult(spec, timelines[-1], replay, modelled,

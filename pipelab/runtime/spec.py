@@ -6,15 +6,23 @@ must never reach the workers: a half-started pipeline is much harder to explain 
 """
 from __future__ import annotations
 
+import math
+import operator
 from dataclasses import dataclass, field, replace
+
+import torch
 
 from ..checks import boolean, positive_int, positive_number, seed as check_seed
 from ..model.data import VOCAB_SIZE
 from ..sim.link import Link, check_link
 from ..model.gpt import ModelConfig
-from ..sim.partition import Partition, partition as make_partition
+from ..model.gpt_source import model_source
+from ..model.source import ModelSource
+from ..sim.partition import Partition, partition as make_partition, uniform_bounds
 from ..schedules import Action, Schedule
-from ..schedules.kinds import KIND_SPECS, OFFLOAD
+from ..schedules.kinds import INPUT_GRADIENT, KIND_SPECS, OFFLOAD
+from .boundary import Boundary
+from .handlers import HANDLERS
 from .mesh import Mesh
 from .plugins import plugins_for
 from .techniques import prepare_all
@@ -28,7 +36,7 @@ INJECTIONS = ("stall", "raise", "drop", "lag")
 @dataclass
 class RunSpec:
     schedule: Schedule
-    cfg: ModelConfig
+    cfg: "ModelConfig | ModelSource"     # the model: the toy GPT's config, or a pl.CustomModel
     bounds: list[tuple[int, int]]        # [start, stop) of the flat layer list, per stage
     #                                      (replicas of one model part have the same bounds)
     batch_size: int
@@ -50,6 +58,33 @@ class RunSpec:
     #                                      (weight versions), not against the unsplit gradients
     braided: bool = False                # a compound step's parts run side by side, where a
     #                                      technique has asynchronous work to hide (executor.py)
+    # A model source other than the toy GPT: {layer: Boundary} for each stage boundary (after
+    # that layer), measured in the parent by running the stack once; None: the GPT's boundary.
+    boundaries: dict | None = None
+
+    @property
+    def model(self) -> ModelSource:
+        """What the runtime builds, draws and checks (model/source.py)."""
+        return model_source(self.cfg)
+
+    def crossing(self) -> dict:
+        """The boundaries that need packing (not one float tensor), by layer (stage.py)."""
+        return {layer: b for layer, b in (self.boundaries or {}).items() if not b.plain}
+
+    def message(self, producer: Action) -> tuple[tuple[int, ...], torch.dtype]:
+        """Shape and dtype of what `producer` (a forward or a backward) sends across a boundary."""
+        if self.boundaries is None:
+            return self.boundary_shape(), torch.float32
+        start, stop = self.bounds[producer.stage]
+        if KIND_SPECS[producer.kind].output == INPUT_GRADIENT:
+            return self.boundaries[start - 1].gradient()
+        return self.boundaries[stop - 1].message()
+
+    def message_bytes(self) -> int:
+        """Bytes of the largest activation message between stages."""
+        if self.boundaries is None:
+            return 4 * self.rows_per_microbatch * self.cfg.seq_len * self.cfg.d_model
+        return max((_bytes(*b.message()) for b in self.boundaries.values()), default=0)
 
     @property
     def mesh(self) -> Mesh:
@@ -83,13 +118,17 @@ def check_timeout(value) -> float:
     return timeout
 
 
+def _bytes(shape, dtype: torch.dtype) -> int:
+    return math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+
+
 @dataclass
 class Draft:
     """A run being prepared, as the techniques' prepare hooks see it (runtime/techniques.py):
     they check their keywords in `options` and may rewrite the schedule, the data-parallel
     degree, the per-stage recompute policies, or ask for the model to be split as if untied."""
     schedule: Schedule
-    cfg: ModelConfig
+    cfg: "ModelConfig | ModelSource"
     ranks: int
     options: dict                        # the technique keywords of cluster.run, as given
     data_parallel: int = 1
@@ -121,9 +160,13 @@ class Draft:
                 raise ValueError("model.tie_embeddings is not supported across pipeline stages: "
                                  "the embedding and the head share a weight but would live on "
                                  "different stages; use tie_embeddings=False")
-            _check_fits(self)
-            parts, self.partition_name = _split(cfg, schedule.model_slices, self.partition,
-                                                self.split_untied)
+            if isinstance(cfg, ModelConfig):
+                _check_fits(self)
+                parts, self.partition_name = _split(cfg, schedule.model_slices, self.partition,
+                                                    self.split_untied)
+            else:
+                parts, self.partition_name = _split_layers(cfg, schedule.model_slices,
+                                                           self.partition)
             self._bounds = [parts[schedule.slice_of(s)] for s in range(schedule.stages)]
         return self._bounds
 
@@ -151,6 +194,74 @@ def _split(cfg: ModelConfig, stages: int, partition,
                          f"into {stages} (ranks × chunks, one per pair of weight replicas); use "
                          f"pl.partition(cfg, stages={stages}, ...)")
     return [tuple(b) for b in parts.bounds], method
+
+
+def _split_layers(model: ModelSource, stages: int, partition) -> tuple[list[tuple[int, int]], str]:
+    """The split of a model other than the toy GPT: uniform, or the (start, stop) ranges given."""
+    n = model.total_layers
+    if stages > n:
+        raise ValueError(f"the model has {n} layers but the schedule cuts it into {stages} stages "
+                         f"(ranks × chunks): every stage needs a layer, so the model's layers "
+                         f"function must return at least {stages}")
+    if partition is None or partition == "uniform":
+        return uniform_bounds(n, stages), "uniform"
+    if isinstance(partition, Partition):
+        bounds, method = partition.bounds, partition.method
+    elif isinstance(partition, (list, tuple)):
+        bounds, method = partition, "custom"
+    else:
+        raise ValueError(f"partition={partition!r}: a custom model is split 'uniform' or by a "
+                         f"list of (start, stop) layer ranges, one per stage")
+    try:
+        bounds = [(operator.index(a), operator.index(b)) for a, b in bounds]
+    except (TypeError, ValueError):
+        raise ValueError(f"partition={partition!r}: each stage must be a (start, stop) pair of "
+                         f"layer indices") from None
+    covered = [i for a, b in bounds for i in range(a, b)]
+    if any(b <= a for a, b in bounds) or covered != list(range(n)):
+        raise ValueError(f"partition={partition!r}: the ranges must be non-empty and cover "
+                         f"layers 0..{n - 1} in order, each exactly once")
+    if len(bounds) != stages:
+        raise ValueError(f"partition has {len(bounds)} stages but the schedule cuts the model "
+                         f"into {stages} (ranks × chunks, one per pair of weight replicas)")
+    return bounds, method
+
+
+def _check_custom(model: ModelSource, schedule: Schedule, tensor_parallel: int,
+                  expert_parallel: int, recompute) -> None:
+    """Refuse what needs the toy GPT's inside, for a model pipelab did not build: before any
+    technique prepares, so the reason is the model, not a symptom."""
+    inside = "pipelab knows the toy GPT's layers, not this model's"
+    if tensor_parallel > 1:
+        raise ValueError(f"tensor_parallel={tensor_parallel} with a custom model: tensor "
+                         f"parallelism splits the GPT block's attention heads and MLP, and "
+                         f"{inside}; use tensor_parallel=1")
+    if expert_parallel > 1:
+        raise ValueError(f"expert_parallel={expert_parallel} with a custom model: expert "
+                         f"parallelism divides pipelab's own mixture-of-experts layers, and "
+                         f"{inside}; use expert_parallel=1")
+    if recompute not in (None, "none"):
+        raise ValueError(f"recompute={recompute!r} with a custom model: the recomputation "
+                         f"policies drop what the GPT's blocks save (techniques/recompute.py), "
+                         f"and {inside}; use recompute='none'")
+    own = sorted(kind for kind in schedule.kinds() if HANDLERS[kind].setup is not None)
+    if own:
+        raise ValueError(f"schedule {schedule.name!r} has kinds {', '.join(own)} that build "
+                         f"parameters of their own from the GPT's layers (vocabulary shards); "
+                         f"{inside}: pick a schedule of forwards and backwards")
+
+
+def _check_custom_prepared(draft: Draft) -> None:
+    """Refuse, once the techniques have prepared, a run one of them reshaped around the GPT."""
+    if draft.split_untied:
+        why = "shards the vocabulary tables"
+    elif not draft.gradient_check:
+        why = "updates the weights inside the schedule, checked against an emulation of the toy GPT"
+    else:
+        return
+    raise ValueError(f"schedule {draft.schedule.name!r} with a custom model: it {why}, and "
+                     f"pipelab knows the toy GPT's layers, not this model's: pick a schedule "
+                     f"of forwards and backwards")
 
 
 def _check_fits(draft: Draft) -> None:
@@ -208,10 +319,13 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     tp = positive_int("tensor_parallel", tensor_parallel)
     ep = positive_int("expert_parallel", expert_parallel)
     cfg = ModelConfig() if model is None else model
-    if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"model must be a pl.ModelConfig (each rank builds its own layers "
-                         f"from it), got {type(model).__name__}")
-    if cfg.vocab_size < VOCAB_SIZE:
+    if not isinstance(cfg, (ModelConfig, ModelSource)):
+        raise ValueError(f"model must be a pl.ModelConfig or a pl.CustomModel (each rank builds "
+                         f"its own layers from it), got {type(model).__name__}")
+    custom = not isinstance(cfg, ModelConfig)
+    if custom:
+        _check_custom(cfg, schedule, tp, ep, recompute)
+    elif cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
     schedule.validate()
@@ -224,6 +338,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     used = prepare_all(draft)
     for later in draft.checks:
         later(draft)
+    if custom:
+        _check_custom_prepared(draft)
     schedule, dp = draft.schedule, draft.data_parallel
     if schedule.ranks * dp * tp != ranks:
         raise ValueError(f"schedule has {schedule.ranks} ranks but the cluster has {ranks}: "
@@ -247,9 +363,20 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     positive_int("steps", steps)
     positive_number("lr", lr)
     injections, replica = _injections(schedule, inject, dp)
+    boundaries = _boundaries(cfg, bounds, batch_size, m * dp, seed) if custom else None
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    draft.partition_name, injections, plugins, dp, replica, draft.recompute, tp,
-                   ep, link, used, draft.gradient_check, draft.braided)
+                   ep, link, used, draft.gradient_check, draft.braided, boundaries)
+
+
+def _boundaries(model, bounds: list[tuple[int, int]], batch_size: int, parts: int,
+                seed: int) -> dict[int, Boundary]:
+    """What crosses each stage boundary of a custom model, from one run of its first
+    microbatch through the whole stack here (which also checks the three functions)."""
+    outputs = model.trace(batch_size, parts, seed)
+    cuts = sorted({stop - 1 for _start, stop in bounds if stop < len(outputs)})
+    return {layer: Boundary.of(outputs[layer], f"layer {layer} (the last of a stage)")
+            for layer in cuts}
 
 
 def _check_link_kinds(schedule: Schedule) -> None:

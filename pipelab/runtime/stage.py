@@ -1,7 +1,8 @@
 """The stages one rank owns, and what a training step keeps between its actions.
 
-Stage s is layers `bounds[s]` of the flat list, built with `build_layers`, so its weights are
-exactly those of the same layers in the unsplit `ToyGPT(cfg)`. Every stage input that came from
+Stage s is layers `bounds[s]` of the flat list, built by the model source (`build_layers` for
+the toy GPT, the user's `layers` for a CustomModel), so its weights are exactly those of the
+same layers in the unsplit model. Every stage input that came from
 another stage is a fresh leaf tensor with `requires_grad`, which is what lets a stage's backward
 hand the gradient of its input to the previous stage.
 """
@@ -10,8 +11,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ..model.data import split_microbatches
-from ..model.gpt import ModelConfig, build_layers
+from ..model.gpt_source import model_source
+from ..model.source import ModelSource, map_tensors, split_rows
 from ..schedules import Action
 from ..model.weight_grad import WeightGradStore
 from .offload import OffloadStore
@@ -32,10 +33,18 @@ def replica_own(p: nn.Parameter) -> bool:
 class RankStages:
     """The modules of the stages placed on one rank, named as in the unsplit model."""
 
-    def __init__(self, cfg: ModelConfig, bounds: list[tuple[int, int]], stages: list[int],
-                 tp=None):
+    def __init__(self, model, bounds: list[tuple[int, int]], stages: list[int],
+                 tp=None, crossing: dict | None = None):
+        """`model`: a ModelConfig or a ModelSource. `crossing`: {layer: boundary.Boundary} for
+        the stage boundaries that are not one float tensor (after that layer)."""
         self.bounds = bounds
-        self.modules = {s: build_layers(cfg, *bounds[s]) for s in stages}
+        self.model: ModelSource = model_source(model)
+        self.modules = {s: self.model.build(*bounds[s]) for s in stages}
+        # How each stage's input and output cross to their neighbours: None is one float tensor,
+        # sent as is (handlers.py); a Boundary packs tuples and integer tensors into one message.
+        crossing = crossing or {}
+        self.inbound = {s: crossing.get(bounds[s][0] - 1) for s in stages}
+        self.outbound = {s: crossing.get(bounds[s][1] - 1) for s in stages}
         if tp is not None:         # a tensor-parallel shard: splits the blocks (in a run, the
             self.shard(tp)         # tensor technique's setup does this)
         # Spans a technique's code times while an action runs, (start, end, what): the executor
@@ -98,8 +107,9 @@ class StepState:
         self.m = schedule.microbatches
         # Each microbatch gets its own storage, as on a real pipeline: the activation meter
         # counts storages, and views of one batch tensor would all count as the first one.
-        self.microbatches = [(x.clone(), y.clone())
-                             for x, y in split_microbatches(inputs, targets, self.m)]
+        clone = torch.Tensor.clone
+        self.microbatches = [(map_tensors(clone, x), map_tensors(clone, y))
+                             for x, y in zip(split_rows(inputs, self.m), split_rows(targets, self.m))]
         # Where each stage's route starts (reads tokens) and ends (computes the loss).
         before, after = schedule.links()
         self.first_stages = {s for s, b in enumerate(before) if b < 0}
