@@ -48,6 +48,15 @@ def test_exact_under_each_family(clusters, name, chunks):
     assert all(peak > 0 for peak in res.peak_activations.values())
 
 
+def test_exact_with_data_parallel(clusters):
+    """Two replicas of a one-rank pipeline, each on its half of the batch (the ids and targets
+    cut alike), gradients all-reduced: still the unsplit stack's on the whole batch."""
+    res = clusters(2).run(pl.schedule("1f1b", ranks=1, microbatches=2), model=MODEL,
+                          data_parallel=2, progress=False)
+    assert res.max_grad_error < 1e-5
+    assert res.loss == pytest.approx(res.reference_loss, rel=1e-6)
+
+
 def _trained_alone(steps: int, batch_size: int, lr: float) -> list[float]:
     """The loss of each step of the same AdamW training of the unsplit stack, in one process."""
     layers = torch.nn.Sequential(*MODEL.layers())
