@@ -32,6 +32,7 @@ class CalibratedModel:
     policy_names = POLICIES
     recompute_actions = True          # recomputations are R actions (with_recompute), as run
     unit = ("MiB", MiB)
+    tensor_rule = "divide the heads and the MLP's width (and be 1 with experts)"
 
     def __init__(self, cal: Calibration, optimizer: str = "adamw"):
         self.calibration, self.cfg, self.optimizer = cal, cal.cfg, optimizer

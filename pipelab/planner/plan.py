@@ -168,8 +168,14 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
                              gpus_per_node)
-    out = []
-    for p, dp, tp, ep in source.meshes(devices, batch_size):
+    out, mesh = [], list(source.meshes(devices, batch_size))
+    if not mesh:
+        raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
+                         f"be factored as pipeline × data × tensor: p must be at most "
+                         f"{source.max_stages(False)} (one layer a stage), dp must divide "
+                         f"batch_size, tp must {source.tensor_rule}; try a batch_size that "
+                         f"more device counts divide, or another number of devices")
+    for p, dp, tp, ep in mesh:
         per_replica = batch_size // dp
         tried = microbatches if microbatches is not None else divisors(per_replica)
         counts = [m for m in tried if per_replica % m == 0]

@@ -44,6 +44,7 @@ class ShapedModel:
     policy_names = RECOMPUTE_POLICIES
     recompute_actions = False         # shape.py charges recomputation to I
     unit = ("GB", GB)
+    tensor_rule = "divide gpus_per_node (a node), the heads, the hidden size and the MLP's width"
 
     def __init__(self, shape: ModelShape, device: Device, gpus_per_node: int = GPUS_PER_NODE):
         self.shape, self.device, self.gpus_per_node = shape, device, gpus_per_node
