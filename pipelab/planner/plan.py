@@ -168,7 +168,7 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
                              gpus_per_node)
-    out, mesh = [], list(source.meshes(devices, batch_size))
+    out, mesh, built = [], list(source.meshes(devices, batch_size)), {}
     if not mesh:
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
                          f"be factored as pipeline × data × tensor: p must be at most "
@@ -186,7 +186,7 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
                     continue                     # interleaving needs a pipeline to interleave
                 if vocab and not source.shards_vocabulary(p, dp, tp):
                     continue                     # shards over 2+ ranks (config: no dp, tp)
-                sched = _schedule(name, p, m, v, dp)
+                sched = _schedule(name, p, m, v, dp, built)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
                 bounds = source.bounds(p * v, per_replica // m, vocab)
@@ -268,13 +268,20 @@ def _check(source, devices, memory_per_device, schedules, recompute, chunks, mic
     return schedules, recompute, chunks, microbatches
 
 
-def _schedule(name: str, p: int, m: int, v: int, dp: int):
+def _schedule(name: str, p: int, m: int, v: int, dp: int, built: dict):
     """The validated schedule with its all-reduces, or None where the family has no member
-    of this shape (e.g. too few microbatches)."""
+    of this shape (e.g. too few microbatches). `built` keeps each (name, p, m, v)'s schedule
+    for the other meshes that pipeline alike (building V-Half's squeeze is not cheap);
+    with_data_parallel leaves it unchanged."""
+    key = (name, p, m, v)
+    if key not in built:
+        try:
+            built[key] = make_schedule(name, ranks=p, microbatches=m,
+                                       **({"chunks": v} if name in CHUNKED else {}))
+        except ValueError:
+            built[key] = None
     try:
-        sched = make_schedule(name, ranks=p, microbatches=m,
-                              **({"chunks": v} if name in CHUNKED else {}))
-        return with_data_parallel(sched, dp).validate()
+        return None if built[key] is None else with_data_parallel(built[key], dp).validate()
     except ValueError:
         return None
 

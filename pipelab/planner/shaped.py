@@ -53,6 +53,7 @@ class ShapedModel:
         probe = shape_profile(shape, 1, 2, device, layers_per_stage=[shape.layers, 0]).table
         self.block = sum(probe[k][0] for k in "FIW") / shape.layers
         self.head = sum(probe[k][1] for k in "FIW")
+        self._splits: dict[tuple[int, bool], list[tuple[int, int]]] = {}
 
     def max_stages(self, vocab: bool) -> int:
         """Every stage holds a block; without vocabulary parallelism the first and last may
@@ -79,9 +80,12 @@ class ShapedModel:
     def bounds(self, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
         """The contiguous split of (embedding, blocks…, output layer) balancing F + I + W; the
         embedding is a lookup (weighs nothing), and so is the output layer when sharded."""
-        n = self.shape.layers
-        weights = [0.0] + [self.block] * n + [0.0 if vocab else self.head]
-        return balanced_bounds(weights, stages)
+        key = (stages, vocab)           # the weights do not depend on the rows: split once
+        if key not in self._splits:
+            n = self.shape.layers
+            weights = [0.0] + [self.block] * n + [0.0 if vocab else self.head]
+            self._splits[key] = balanced_bounds(weights, stages)
+        return self._splits[key]
 
     def profile(self, c: Candidate):
         """shape_profile for the candidate: its blocks per stage, microbatch, tp, policy."""
