@@ -46,7 +46,9 @@ class CalibratedModel:
         it), and ep either 1 or, for a mixture of experts whose count it divides, the replicas
         (techniques/expert.py divides the experts over the dp group)."""
         cfg = self.cfg
-        ok = lambda tp: not (cfg.n_heads % tp or cfg.ffn_width % tp or (tp > 1 and cfg.moe))  # noqa: E731
+
+        def ok(tp: int) -> bool:
+            return not (cfg.n_heads % tp or cfg.ffn_width % tp or (tp > 1 and cfg.moe))
         for p, dp, tp in meshes(devices, batch_size, cfg.total_layers, ok):
             yield p, dp, tp, 1
             if cfg.moe and dp > 1 and cfg.n_experts % dp == 0:

@@ -22,7 +22,7 @@ split by sequence parallelism too.
 from __future__ import annotations
 
 from ..model.memory_rules import (FREES, FREES_BUT_STASH, FREES_SHARD, FREES_STASH, KEEPS,
-                                  KEEPS_SHARD, RESTORES)
+                                  KEEPS_SHARD)
 from ..sim.costs import Costs
 from ..sim.device import Device
 from ..sim.flops import RECOMPUTE_POLICIES
@@ -104,8 +104,9 @@ class ShapedModel:
         # vocabulary schedules run rank r's shard passes S and T on stage r
         shard = [prof.shard_bytes if s < c.pipeline else 0.0 for s in range(len(c.bounds))]
         acts = prof.activation_bytes
-        table = {KEEPS: [(a, 0.0) for a in acts], RESTORES: [(0.0, 0.0) for _ in acts],
-                 FREES: [(0.0, a) for a in acts], FREES_BUT_STASH: [(0.0, 0.0) for _ in acts],
+        # I frees nothing, W all (i_frees = 0); recomputation has no R action here
+        table = {KEEPS: [(a, 0.0) for a in acts], FREES: [(0.0, a) for a in acts],
+                 FREES_BUT_STASH: [(0.0, 0.0) for _ in acts],
                  FREES_STASH: [(0.0, a) for a in acts],
                  KEEPS_SHARD: [(x, 0.0) for x in shard], FREES_SHARD: [(0.0, x) for x in shard]}
         return Costs.per_stage(**prof.table, replicas=c.data_parallel), static, table
