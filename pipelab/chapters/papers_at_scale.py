@@ -154,11 +154,12 @@ def plot_plan(plan: Plan, top: int = 12, title: str = ""):
     left.invert_yaxis()                                  # fastest on top
     lo = min(c.step_time for c in shown)
     left.set_xlim(0.97 * lo, 1.01 * max(c.step_time for c in shown))
-    left.set(xlabel="predicted step time (s)",
-             title=title or "fastest candidates, simulated (green: the best that fits; grey: "
-                            "does not fit)")
+    left.set(xlabel="predicted step time (s; the axis starts near the fastest)",
+             title="step time (simulated)")
     right.set(xlabel=f"peak memory, fullest rank ({name})",
-              title="memory per rank, byte model (simulated timeline)")
+              title="memory per rank (byte model, simulated)")
     right.legend(fontsize=8)
+    fig.suptitle((title or "the fastest candidates, simulated")
+                 + "\ngreen: the best that fits; blue: fits; grey: does not fit", fontsize=10)
     fig.tight_layout()
     return fig

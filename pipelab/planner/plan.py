@@ -35,6 +35,7 @@ bytes, activations bounded by the experts' capacity (memory_moe.py).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import product, repeat
 from operator import itemgetter
 
@@ -168,7 +169,7 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
                              gpus_per_node)
-    out, mesh, built = [], list(source.meshes(devices, batch_size)), {}
+    out, mesh = [], list(source.meshes(devices, batch_size))
     if not mesh:
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
                          f"be factored as pipeline × data × tensor: p must be at most "
@@ -186,7 +187,7 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
                     continue                     # interleaving needs a pipeline to interleave
                 if vocab and not source.shards_vocabulary(p, dp, tp):
                     continue                     # shards over 2+ ranks (config: no dp, tp)
-                sched = _schedule(name, p, m, v, dp, built)
+                sched = _schedule(name, p, m, v, dp)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
                 bounds = source.bounds(p * v, per_replica // m, vocab)
@@ -268,20 +269,30 @@ def _check(source, devices, memory_per_device, schedules, recompute, chunks, mic
     return schedules, recompute, chunks, microbatches
 
 
-def _schedule(name: str, p: int, m: int, v: int, dp: int, built: dict):
+def _schedule(name: str, p: int, m: int, v: int, dp: int):
     """The validated schedule with its all-reduces, or None where the family has no member
-    of this shape (e.g. too few microbatches). `built` keeps each (name, p, m, v)'s schedule
-    for the other meshes that pipeline alike (building V-Half's squeeze is not cheap);
-    with_data_parallel leaves it unchanged."""
-    key = (name, p, m, v)
-    if key not in built:
-        try:
-            built[key] = make_schedule(name, ranks=p, microbatches=m,
-                                       **({"chunks": v} if name in CHUNKED else {}))
-        except ValueError:
-            built[key] = None
+    of this shape (e.g. too few microbatches)."""
+    return _validated(SCHEDULES[name], name, p, m, v, dp)
+
+
+# Schedules are pure functions of their arguments, and building and validating the big ones
+# (V-Half's squeeze, the vocabulary passes' weave) costs more than simulating them: a plan and
+# its variations (another device, another budget) share them. Keyed on the generator, so a
+# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~200.
+@lru_cache(maxsize=512)
+def _validated(generator, name: str, p: int, m: int, v: int, dp: int):
+    base = _built(generator, name, p, m, v)
     try:
-        return None if built[key] is None else with_data_parallel(built[key], dp).validate()
+        return None if base is None else with_data_parallel(base, dp).validate()
+    except ValueError:
+        return None
+
+
+@lru_cache(maxsize=256)
+def _built(generator, name: str, p: int, m: int, v: int):
+    try:
+        return make_schedule(name, ranks=p, microbatches=m,
+                             **({"chunks": v} if name in CHUNKED else {}))
     except ValueError:
         return None
 
