@@ -1,9 +1,10 @@
 """Chapter 14's helpers: the vocabulary paper's sweep at its scale, memory per rank in GB, an
-explorer, and the papers' table drawn (the rows themselves come from pipelab/bench/papers.py,
-which the notebook imports: data first, drawing here).
+explorer, the papers' table drawn (the rows themselves come from pipelab/bench/papers.py,
+which the notebook imports: data first, drawing here), and a shape's plan drawn (`plot_plan`).
 """
 from __future__ import annotations
 
+from ..planner.plan import Plan
 from ..sim.device import Device
 from ..sim.scale import GIB, interlaced, mfu, per_rank_bytes, simulate_shape
 from ..sim.shape import ModelShape
@@ -133,3 +134,32 @@ def explorer(measured: dict | None = None, device: Device = A100_80):
         plt.show()
 
     return ui.slider_box(controls, draw, min_height="420px")
+
+
+def plot_plan(plan: Plan, top: int = 12, title: str = ""):
+    """The `top` fastest candidates of a plan: predicted step time (left) and the fullest
+    rank's memory (right, the budget dashed), those that do not fit greyed. Simulated."""
+    import matplotlib.pyplot as plt
+    name, size = plan.source.unit
+    shown = plan[:top]
+    best = plan.best if plan.fitting else None
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.32 * len(shown) + 1.4), sharey=True)
+    ys = range(len(shown))
+    colours = ["#2CA02C" if c is best else "#1F77B4" if c.fits else "#BBBBBB" for c in shown]
+    left.barh(ys, [c.step_time for c in shown], color=colours)
+    right.barh(ys, [c.peak_memory / size for c in shown], color=colours)
+    right.axvline(plan.budget / size, color="black", ls="--", lw=1,
+                  label=f"{plan.budget / size:.0f} {name} a device")
+    left.set_yticks(list(ys), [c.label() for c in shown], fontsize=7)
+    left.invert_yaxis()                                  # fastest on top
+    lo = min(c.step_time for c in shown)
+    left.set_xlim(0.97 * lo, 1.01 * max(c.step_time for c in shown))
+    left.set(xlabel="predicted step time (s; the axis starts near the fastest)",
+             title="step time (simulated)")
+    right.set(xlabel=f"peak memory, fullest rank ({name})",
+              title="memory per rank (byte model, simulated)")
+    right.legend(fontsize=8)
+    fig.suptitle((title or "the fastest candidates, simulated")
+                 + "\ngreen: the best that fits; blue: fits; grey: does not fit", fontsize=10)
+    fig.tight_layout()
+    return fig

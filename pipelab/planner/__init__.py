@@ -1,6 +1,8 @@
 """Floor 6, the planner: which configuration to run on given devices and memory.
 
-    calibrate.py  measured layer costs              plan.py    pl.plan: the search and ranking
-    costs.py      a candidate's cost table           check.py   a plan's prediction against a live run
+    plan.py       pl.plan: the search and ranking    mesh.py      p × dp × tp = devices
+    calibrated.py a ModelConfig's costs and bytes    shaped.py    a ModelShape's, on a Device
+    calibrate.py  measured layer costs               costs.py     a candidate's calibrated costs
     candidate.py  pl.Candidate: one configuration and what the planner predicts for it
+    check.py      a plan's prediction against a live run
 """

@@ -6,8 +6,13 @@ from dataclasses import dataclass, field
 
 from ..schedules import schedule as make_schedule
 
-CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs"}     # schedules with several stages per rank
-VOCAB = {"vocab-1", "vocab-2"}            # the vocabulary sharded over the pipeline ranks
+# schedules with several stages per rank, as many as `chunks` says (the V's: exactly 2)
+CHUNKED = {"interleaved-1f1b", "zb-v", "looped-bfs", "v-half", "v-min"}
+# schedules whose stages per rank are fixed, with no `chunks` option
+FIXED_CHUNKS = {"v-half-vocab": 2}
+VOCAB = {"vocab-1", "vocab-2", "v-half-vocab"}   # the vocabulary sharded over the pipeline ranks
+MiB = 2**20            # the calibrated (toy) plans' unit
+GB = 1e9               # a model shape's plans' unit, as datasheets count memory
 
 
 @dataclass

@@ -37,6 +37,9 @@ def can_run(candidate: Candidate, cluster) -> bool:
 def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dict:
     """Run `candidate` live on `cluster` (as many ranks as its devices) and return predicted
     and measured step time (s) and peak memory (bytes) side by side; "run" is the RunResult."""
+    if plan.cfg is None:
+        raise ValueError("measure runs a pl.ModelConfig's plan live; a pl.ModelShape's plan is "
+                         "a prediction at a real model's scale, not runnable on this machine")
     if not can_run(candidate, cluster):
         raise ValueError(f"cluster of {cluster.ranks} ranks cannot run {candidate.label()} "
                          f"({candidate.devices} devices, recompute {candidate.recompute})")

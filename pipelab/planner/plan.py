@@ -2,27 +2,40 @@
 
     cal = pl.calibrate(cfg)                                     # measured per-layer costs
     best = pl.plan(cfg, devices=8, memory_per_device=256 * 2**20, calibration=cal).best
+    pl.plan(pl.ModelShape(4096, 32, 32, 4096, 32_000), devices=16, memory_per_device=80e9,
+            device=pl.Device.named("A100-80GB")).best           # a real model's shape
 
 `plan` enumerates schedule × pipeline, data, tensor and expert degrees × microbatches × chunks ×
-recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules: the
-embedding and output layer sharded over the pipeline ranks), predicts each candidate's step
-time with the simulator (costs from the calibration, one simulation per candidate; a policy's recomputations are `R` actions placed by
-`with_recompute`, as the runtime places them) and its peak memory per rank in bytes with the
-byte model (memory.action_bytes) read along the simulated timeline, and ranks them by time.
+recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules, and
+`v-half-vocab` for a shape: the embedding and output layer sharded over the pipeline ranks),
+predicts each candidate's step time with the simulator (one simulation per candidate) and its
+peak memory per rank in bytes with a byte model read along the simulated timeline, and ranks
+them by time.
 
-The mesh axes are pipeline (p), data (dp) and tensor (tp) with p × dp × tp = devices; tp
-divides the heads and the MLP's hidden width, and runs without recomputation (as the runtime
-does). A tensor shard computes its share of each block and pays two all-reduces a block per
-forward and input-gradient pass (`Costs.tp_allreduce`); its bytes are memory.py's with
-`tensor=t`. Vocabulary parallelism shards over the pipeline ranks (dp = tp = 1, as the runtime
-runs it): its passes are costed from the calibrated head and embedding layers divided over the
-shards, its bytes come from memory.py (`vocab_bytes`, `static_bytes`). Expert parallelism
-(a mixture-of-experts model) divides the experts over the replicas (ep = dp, where it divides
-them): two all-to-alls per block per pass, E/ep experts' bytes, activations bounded by the
-experts' capacity (memory_moe.py). The time model is costs.py.
+Where the costs and bytes come from is the plan's source, the one thing that differs between
+the two kinds of model (the search, the prediction and the ranking are this module's alone):
+
+- a `pl.ModelConfig` (calibrated.py): costs from a CPU calibration (costs.py), bytes from the
+  toy model's byte model (memory.action_bytes, static_bytes); a policy's recomputations are `R`
+  actions placed by `with_recompute`, as the runtime places them;
+- a `pl.ModelShape` on a `pl.Device` (shaped.py): costs and bytes from closed forms
+  (sim/shape.py: FLOPs at the device's speed, Korthikanti's activation bytes per policy, 18
+  bytes a parameter for mixed-precision Adam); tp within a node (`gpus_per_node`).
+
+The mesh axes are pipeline (p), data (dp) and tensor (tp) with p × dp × tp = devices (mesh.py).
+For a config, tp divides the heads and the MLP's hidden width, and runs without recomputation
+(as the runtime does). A tensor shard computes its share of each block and pays two
+all-reduces a block per forward and input-gradient pass (`Costs.tp_allreduce`); its bytes are
+memory.py's with `tensor=t`. Vocabulary parallelism shards over the pipeline ranks (for a
+config dp = tp = 1, as the runtime runs it): its passes are costed from the calibrated head and
+embedding layers divided over the shards, its bytes come from memory.py (`vocab_bytes`,
+`static_bytes`). Expert parallelism (a mixture-of-experts config) divides the experts over the
+replicas (ep = dp, where it divides them): two all-to-alls per block per pass, E/ep experts'
+bytes, activations bounded by the experts' capacity (memory_moe.py).
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from itertools import product, repeat
 from operator import itemgetter
 
@@ -30,22 +43,20 @@ import numpy as np
 
 from .calibrate import Calibration, calibrate
 from ..checks import at_most, names, positive_int, positive_ints
-from ..model.memory import action_bytes, static_bytes
 from ..model.gpt import ModelConfig
 from ..techniques import with_data_parallel
-from ..sim.partition import balanced_bounds
-from .candidate import CHUNKED, VOCAB, Candidate  # noqa: F401  (pl.Candidate)
-from .costs import stage_costs
-from ..techniques.recompute import policies, with_recompute
+from .calibrated import POLICIES, SCHEDULE_NAMES, UNPLANNABLE, CalibratedModel  # noqa: F401
+from .candidate import CHUNKED, FIXED_CHUNKS, GB, MiB, VOCAB, Candidate  # noqa: F401
+from .mesh import divisors
+from .shaped import GPUS_PER_NODE, ShapedModel
+from ..techniques.recompute import with_recompute
 from ..schedules import SCHEDULES, Action, schedule as make_schedule
 from ..schedules.gcpause import without_gc
 from ..schedules.kinds import byte_rules
+from ..sim.device import Device
+from ..sim.shape import ModelShape
 from ..sim.simulate import simulate
 
-SCHEDULE_NAMES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "vocab-1",
-                  "vocab-2")
-POLICIES = ("none", "selective", "full", "every-k")
-MiB = 2**20
 # The split of each candidate is an exact dynamic program, O(stages × layers²): beyond this
 # many layers (4 × the deepest published transformers) a sweep would run for minutes.
 MAX_PLAN_LAYERS = 512
@@ -56,18 +67,19 @@ MAX_BATCH = 2**24
 class Plan(list):
     """Candidates ranked by predicted step time (fastest first), fitting or not."""
 
-    def __init__(self, candidates, calibration: Calibration, devices: int, budget: int,
-                 batch_size: int):
+    def __init__(self, candidates, source, devices: int, budget: float, batch_size: int):
         super().__init__(sorted(candidates, key=lambda c: (c.step_time, c.peak_memory)))
-        self.calibration, self.cfg = calibration, calibration.cfg
+        self.source = source
+        self.calibration = getattr(source, "calibration", None)     # a config's plan
+        self.cfg = getattr(source, "cfg", None)
+        self.shape = getattr(source, "shape", None)                  # a shape's plan
+        self.device = getattr(source, "device", None)
         self.devices, self.budget, self.batch_size = devices, budget, batch_size
 
     def timeline(self, candidate: Candidate):
         """The simulated step the prediction read (with its all-reduces)."""
-        sched = with_data_parallel(candidate.build(), candidate.data_parallel)
-        if candidate.recompute != "none":
-            sched = with_recompute(sched)
-        return simulate(sched, stage_costs(candidate, self.calibration))
+        sched = _runnable(candidate, self.source)
+        return simulate(sched, self.source.model(candidate, sched)[0])
 
     @property
     def fitting(self) -> list[Candidate]:
@@ -81,11 +93,15 @@ class Plan(list):
             raise ValueError(self.nothing_fits())
         return fitting[0]
 
+    def _size(self, nbytes: float) -> str:
+        name, size = self.source.unit
+        return f"{nbytes / size:.1f} {name}"
+
     def nothing_fits(self) -> str:
         smallest = min(self, key=lambda c: c.peak_memory)
-        return (f"nothing fits in memory_per_device={self.budget / MiB:.1f} MiB on "
+        return (f"nothing fits in memory_per_device={self._size(self.budget)} on "
                 f"{self.devices} device(s): the smallest predicted peak is "
-                f"{smallest.peak_memory / MiB:.1f} MiB ({smallest.label()}); give each device "
+                f"{self._size(smallest.peak_memory)} ({smallest.label()}); give each device "
                 f"at least that much, or more devices")
 
     def frontier(self) -> list[Candidate]:
@@ -102,18 +118,20 @@ class Plan(list):
         if not self.fitting:
             return self.nothing_fits()
         best, fastest = self.best, self[0]
+        name, size = self.source.unit
         head = (f"{best.label()} is predicted fastest of the {len(self.fitting)} of {len(self)} "
                 f"candidates that fit ({best.step_time * 1e3:.2f} ms per step, peak "
-                f"{best.peak_memory / MiB:.1f} of {self.budget / MiB:.1f} MiB per device)")
+                f"{best.peak_memory / size:.1f} of {self.budget / size:.1f} {name} per device)")
         if fastest is best:
             return head + "; memory does not bind: it is the fastest of all."
         return head + (f"; the faster {fastest.label()} ({fastest.step_time * 1e3:.2f} ms) "
                        f"does not fit: {fastest.reason}.")
 
     def table(self, rows: int = 12) -> str:
-        lines = [f"{'rank':>4}  {'candidate':<52} {'ms/step':>8} {'peak MiB':>9}  fits",
+        name, size = self.source.unit
+        lines = [f"{'rank':>4}  {'candidate':<52} {'ms/step':>8} {'peak ' + name:>9}  fits",
                  *(f"{i:>4}  {c.label():<52} {c.step_time * 1e3:8.2f} "
-                   f"{c.peak_memory / MiB:9.2f}  {'yes' if c.fits else 'no'}"
+                   f"{c.peak_memory / size:9.2f}  {'yes' if c.fits else 'no'}"
                    for i, c in enumerate(self[:rows]))]
         return "\n".join(lines)
 
@@ -124,45 +142,66 @@ class Plan(list):
 
 
 @without_gc       # ~10^6 short-lived tuples per sweep, no cycles: collecting them is waste
-def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
+def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float, *,
          batch_size: int | None = None, calibration: Calibration | None = None,
-         schedules=SCHEDULE_NAMES, recompute=POLICIES, chunks=(2,),
-         microbatches=None, optimizer: str = "adamw") -> Plan:
-    """Every candidate for training `cfg` on `devices` with `memory_per_device` bytes each,
-    predicted and ranked by step time. `batch_size` sequences per step (default 8 per device);
-    `microbatches`: the counts to try (default every divisor of a replica's batch);
-    `chunks`: stages per rank for the schedules that interleave."""
+         device: Device | None = None, gpus_per_node: int = GPUS_PER_NODE,
+         schedules=None, recompute=None, chunks=(2,), microbatches=None,
+         optimizer: str = "adamw") -> Plan:
+    """Every candidate for training `model` on `devices` with `memory_per_device` bytes each,
+    predicted and ranked by step time. `model`: a `pl.ModelConfig` (costs from `calibration`,
+    measured here if not given) or a `pl.ModelShape` (costs from `device`, an A100-80GB unless
+    given; tensor parallelism within `gpus_per_node`). `batch_size` sequences per step
+    (default 8 per device); `microbatches`: the counts to try (default every divisor of a
+    replica's batch); `chunks`: stages per rank for the schedules that interleave; `schedules`
+    and `recompute` default to every one the model's source plans."""
+    kind = _kind(model, calibration, device, gpus_per_node, optimizer)
     schedules, recompute, chunks, microbatches = _check(
-        cfg, devices, memory_per_device, schedules, recompute, chunks, microbatches)
+        kind, devices, memory_per_device, schedules, recompute, chunks, microbatches)
     batch_size = 8 * devices if batch_size is None else at_most(
         "batch_size", positive_int("batch_size", batch_size), MAX_BATCH,
         "the planner tries every divisor of a replica's batch")
-    cal = calibration if calibration is not None else calibrate(cfg)
-    if cal.cfg != cfg:
-        raise ValueError("calibration was measured for another model config: calibrate(cfg) again")
-    out = []
-    for p, dp, tp, ep in _meshes(cfg, devices, batch_size):
+    if kind is CalibratedModel:     # measured only once every argument is known to be good
+        cal = calibration if calibration is not None else calibrate(model)
+        if cal.cfg != model:
+            raise ValueError("calibration was measured for another model config: "
+                             "calibrate(cfg) again")
+        source = CalibratedModel(cal, optimizer)
+    else:
+        source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
+                             gpus_per_node)
+    out, mesh = [], list(source.meshes(devices, batch_size))
+    if not mesh:
+        raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
+                         f"be factored as pipeline × data × tensor: p must be at most "
+                         f"{source.max_stages(False)} (one layer a stage), dp must divide "
+                         f"batch_size, tp must {source.tensor_rule}; try a batch_size that "
+                         f"more device counts divide, or another number of devices")
+    for p, dp, tp, ep in mesh:
         per_replica = batch_size // dp
-        tried = microbatches if microbatches is not None else _divisors(per_replica)
+        tried = microbatches if microbatches is not None else divisors(per_replica)
         counts = [m for m in tried if per_replica % m == 0]
         for name, m in product(schedules, counts):
-            for v in (chunks if name in CHUNKED else (1,)):
-                if p * v > cfg.total_layers or (v > 1 and p == 1):
+            vocab = name in VOCAB
+            for v in (chunks if name in CHUNKED else (FIXED_CHUNKS.get(name, 1),)):
+                if p * v > source.max_stages(vocab) or (v > 1 and p == 1):
                     continue                     # interleaving needs a pipeline to interleave
-                if name in VOCAB and (p == 1 or dp > 1 or tp > 1 or cfg.moe):
-                    continue                     # shards over 2+ ranks; the runtime has no dp
+                if vocab and not source.shards_vocabulary(p, dp, tp):
+                    continue                     # shards over 2+ ranks (config: no dp, tp)
                 sched = _schedule(name, p, m, v, dp)
                 if sched is None:
                     continue                     # the schedule does not exist at this size
-                bounds = _bounds(cal, p * v, per_replica // m, name in VOCAB)
+                bounds = source.bounds(p * v, per_replica // m, vocab)
                 again = None                     # the schedule with its recomputations R
-                for policy in (recompute if tp == 1 else ("none",)):   # as the runtime runs
+                for policy in source.policies(recompute, tp):
                     c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds, tp, ep)
-                    if policy != "none" and again is None:
-                        again = with_recompute(sched).validate()
-                    _predict(c, sched if policy == "none" else again, cal, optimizer)
+                    run = sched
+                    if policy != "none" and source.recompute_actions:
+                        if again is None:
+                            again = with_recompute(sched).validate()
+                        run = again
+                    _predict(c, run, source)
                     c.fits = c.peak_memory <= memory_per_device
-                    c.reason = "" if c.fits else _why_not(c, memory_per_device)
+                    c.reason = "" if c.fits else _why_not(c, memory_per_device, source.unit)
                     out.append(c)
     if not out:
         asked = "" if microbatches is None else (
@@ -170,19 +209,46 @@ def plan(cfg: ModelConfig, devices: int, memory_per_device: int, *,
             f"batch_size / data-parallel degree)")
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices}{asked} "
                          f"no schedule of {list(schedules)} can be built")
-    return Plan(out, cal, devices, memory_per_device, batch_size)
+    return Plan(out, source, devices, memory_per_device, batch_size)
 
 
-def _check(cfg, devices, memory_per_device, schedules, recompute, chunks, microbatches):
+def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
+    """The source of costs and bytes `model` plans with (see the module's docstring), its
+    arguments checked."""
+    if isinstance(model, ModelConfig):
+        if device is not None:
+            raise ValueError("device is for a pl.ModelShape's plan; a pl.ModelConfig's costs "
+                             "come from its calibration")
+        at_most("the model's layers (n_layers + 2)", model.total_layers, MAX_PLAN_LAYERS,
+                "the planner splits every candidate exactly, in O(stages × layers²)")
+        return CalibratedModel
+    if isinstance(model, ModelShape):
+        if calibration is not None:
+            raise ValueError("calibration is for a pl.ModelConfig's plan; a pl.ModelShape's "
+                             "costs come from its device (device=pl.Device.named(...))")
+        at_most("the model's layers (layers + 2)", model.layers + 2, MAX_PLAN_LAYERS,
+                "the planner splits every candidate exactly, in O(stages × layers²)")
+        if device is not None and not isinstance(device, Device):
+            raise ValueError(f"device must be a pl.Device (e.g. pl.Device.named('A100-80GB')), "
+                             f"got {type(device).__name__}")
+        positive_int("gpus_per_node", gpus_per_node)
+        if optimizer != "adamw":
+            raise ValueError(f"optimizer: a pl.ModelShape's bytes are mixed-precision Adam's "
+                             f"(18 bytes a parameter, sim/shape.py); only 'adamw', got "
+                             f"{optimizer!r}")
+        return ShapedModel
+    raise ValueError(f"model must be a pl.ModelConfig or a pl.ModelShape, "
+                     f"got {type(model).__name__}")
+
+
+def _check(source, devices, memory_per_device, schedules, recompute, chunks, microbatches):
     """The arguments, checked and normalised: (schedules, recompute, chunks, microbatches)."""
-    if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"cfg must be a pl.ModelConfig, got {type(cfg).__name__}")
-    at_most("the model's layers (n_layers + 2)", cfg.total_layers, MAX_PLAN_LAYERS,
-            "the planner splits every candidate exactly, in O(stages × layers²)")
     at_most("devices", positive_int("devices", devices), MAX_DEVICES,
             "the planner enumerates every divisor of it")
-    schedules = names("schedules", schedules, "['1f1b', 'zb-h1']")
-    recompute = names("recompute", recompute, "['none', 'full']")
+    schedules = source.schedules if schedules is None else names(
+        "schedules", schedules, "['1f1b', 'zb-h1']")
+    recompute = source.policy_names if recompute is None else names(
+        "recompute", recompute, "['none', 'full']")
     chunks = positive_ints("chunks", chunks, "(2,) for two stages per rank")
     if microbatches is not None:       # None: every divisor of a replica's batch
         microbatches = positive_ints("microbatches", microbatches, "(4, 8)")
@@ -192,62 +258,58 @@ def _check(cfg, devices, memory_per_device, schedules, recompute, chunks, microb
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
         raise ValueError(f"schedules: unknown {unknown}; known: {', '.join(SCHEDULES)}")
-    bad = [r for r in recompute if r not in POLICIES]
+    if source is CalibratedModel:
+        refused = [s for s in schedules if s in UNPLANNABLE]
+        if refused:
+            raise ValueError(f"schedules: {refused[0]} cannot be planned for a pl.ModelConfig: "
+                             f"{UNPLANNABLE[refused[0]]}")
+    bad = [r for r in recompute if r not in source.policy_names]
     if bad:
-        raise ValueError(f"recompute: policies must be among {POLICIES}, got {bad}")
+        raise ValueError(f"recompute: policies must be among {source.policy_names}, got {bad}")
     return schedules, recompute, chunks, microbatches
-
-
-def _meshes(cfg: ModelConfig, devices: int, batch_size: int):
-    """(pipeline, data-parallel, tensor-parallel, expert-parallel) degrees with p × dp × tp =
-    devices, p <= the model's layers, a batch that splits over the replicas, tp dividing the
-    heads and the MLP's hidden width (techniques/tensor.py splits by whole heads; not with
-    experts, as the runtime runs it), and ep either 1 or, for a mixture of experts whose
-    count it divides, the replicas (techniques/expert.py divides the experts over the dp group)."""
-    for tp in _divisors(devices):
-        if cfg.n_heads % tp or cfg.ffn_width % tp or (tp > 1 and cfg.moe):
-            continue
-        for p in _divisors(devices // tp):
-            dp = devices // tp // p
-            if p <= cfg.total_layers and batch_size % dp == 0:
-                yield p, dp, tp, 1
-                if cfg.moe and dp > 1 and cfg.n_experts % dp == 0:
-                    yield p, dp, tp, dp
-
-
-def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
 
 
 def _schedule(name: str, p: int, m: int, v: int, dp: int):
     """The validated schedule with its all-reduces, or None where the family has no member
     of this shape (e.g. too few microbatches)."""
+    return _validated(SCHEDULES[name], name, p, m, v, dp)
+
+
+# Schedules are pure functions of their arguments, and building and validating the big ones
+# (V-Half's squeeze, the vocabulary passes' weave) costs more than simulating them: a plan and
+# its variations (another device, another budget) share them. Keyed on the generator, so a
+# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~200.
+@lru_cache(maxsize=512)
+def _validated(generator, name: str, p: int, m: int, v: int, dp: int):
+    base = _built(generator, name, p, m, v)
     try:
-        sched = make_schedule(name, ranks=p, microbatches=m,
-                              **({"chunks": v} if name in CHUNKED else {}))
-        return with_data_parallel(sched, dp).validate()
+        return None if base is None else with_data_parallel(base, dp).validate()
     except ValueError:
         return None
 
 
-def _bounds(cal: Calibration, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
-    """The contiguous split balancing the calibrated forward + backward time (with the
-    vocabulary sharded, the embedding and head weigh nothing: every rank runs a shard)."""
-    n = cal.cfg.total_layers
-    weights = [0.0 if vocab and i in (0, n - 1) else
-               cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
-               for i in range(n)]
-    return balanced_bounds(weights, stages)
+@lru_cache(maxsize=256)
+def _built(generator, name: str, p: int, m: int, v: int):
+    try:
+        return make_schedule(name, ranks=p, microbatches=m,
+                             **({"chunks": v} if name in CHUNKED else {}))
+    except ValueError:
+        return None
 
 
-def _predict(c: Candidate, sched, cal: Calibration, optimizer: str) -> None:
-    cfg = cal.cfg
-    tl = simulate(sched, stage_costs(c, cal))
+def _runnable(c: Candidate, source):
+    """The candidate's schedule as the prediction simulates it: its all-reduces, and its
+    recomputations where the source places them as actions."""
+    sched = with_data_parallel(c.build(), c.data_parallel)
+    if c.recompute != "none" and source.recompute_actions:
+        sched = with_recompute(sched)
+    return sched
+
+
+def _predict(c: Candidate, sched, source) -> None:
+    costs, c.static, table = source.model(c, sched)
+    tl = simulate(sched, costs)
     c.step_time = tl.makespan
-    c.static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, optimizer, c.vocab,
-                            c.tensor, c.expert)
-    table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds), c.vocab,
-                         c.tensor, c.expert)
     # Each kind's bytes are those of its spec's byte rule.
     c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(table[rule]).T)
                                               for kind, rule in byte_rules().items()
@@ -285,8 +347,9 @@ def activation_peaks(timeline, table: dict[str, tuple[np.ndarray, np.ndarray]]) 
     return peaks
 
 
-def _why_not(c: Candidate, budget: int) -> str:
-    r = int(np.argmax(c.memory_by_rank))
-    return (f"rank {r} would hold {c.memory_by_rank[r] / MiB:.1f} MiB > {budget / MiB:.1f} MiB "
-            f"({c.activation_peak[r] / MiB:.1f} MiB of activations, {c.static[r] / MiB:.1f} MiB "
-            f"of parameters, gradients and optimizer state)")
+def _why_not(c: Candidate, budget: float, unit: tuple[str, float]) -> str:
+    r, (name, size) = int(np.argmax(c.memory_by_rank)), unit
+    return (f"rank {r} would hold {c.memory_by_rank[r] / size:.1f} {name} > "
+            f"{budget / size:.1f} {name} ({c.activation_peak[r] / size:.1f} {name} of "
+            f"activations, {c.static[r] / size:.1f} {name} of parameters, gradients and "
+            f"optimizer state)")

@@ -172,7 +172,10 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
     shard_table = V * h / t                               # one vocabulary table, on one TP shard
     params = [n * per_layer for n in layout]
     if vocab:
-        params = [p + 2 * shard_table / ranks for p in params]  # a shard of each table on every rank
+        # a shard of each table on every rank: on its first stage (stage r is on rank r for
+        # one stage per rank and for the V placement alike)
+        params = [p + (2 * shard_table / ranks if k < ranks else 0.0)
+                  for k, p in enumerate(params)]
         params[0] += s * h                                # positions stay on the first stage
     else:
         params[0] += shard_table + s * h

@@ -1,0 +1,112 @@
+"""The planner's source for a `pl.ModelShape` on a `pl.Device`: a real model's per-stage costs
+and bytes from closed forms (sim/shape.py), in place of a CPU calibration.
+
+Costs: `shape_profile` — FLOPs at the device's peak × efficiency, the tensor-parallel
+all-reduces on its tensor link, point-to-point messages and the data-parallel gradient
+all-reduce (the simulator's ring over `replicas`) on its pipeline link. Recomputation's FLOPs
+are charged to the input-gradient pass I (no separate R action), as shape.py charges them.
+
+Bytes: static — parameters, gradients and optimizer state, `BYTES_PER_PARAMETER` (18: mixed
+precision Adam) a parameter of each stage a rank holds; activations — Korthikanti et al.'s
+closed form per block for the policy, kept by a forward and released by the backward, all by
+the weight-gradient pass W when the backward is split (the simulator's `i_frees=0`, the
+zero-bubble paper's count); the vocabulary schedules' shard (`shard_bytes`) kept from S to T.
+Recomputation's transient (one block's activations rebuilt during its backward) is left out,
+as Korthikanti's per-layer count leaves it out.
+
+Tensor parallelism stays inside a node: tp divides `gpus_per_node` (its groups tile the nodes,
+their all-reduces on the device's tensor link), and the heads, the hidden size and the MLP
+width. Every tp runs every recomputation policy (Megatron does); with tp > 1 activations are
+split by sequence parallelism too.
+"""
+from __future__ import annotations
+
+from ..model.memory_rules import (FREES, FREES_BUT_STASH, FREES_SHARD, FREES_STASH, KEEPS,
+                                  KEEPS_SHARD)
+from ..sim.costs import Costs
+from ..sim.device import Device
+from ..sim.flops import RECOMPUTE_POLICIES
+from ..sim.partition import balanced_bounds
+from ..sim.shape import ModelShape, shape_profile
+from .candidate import GB, Candidate
+from .mesh import meshes
+
+SHAPE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half",
+                   "v-min", "vocab-1", "vocab-2", "v-half-vocab")
+# Whose vocabulary passes a schedule runs: V-Half's (one barrier) are Vocab-2's.
+VOCAB_PASSES = {"vocab-1": "vocab-1", "vocab-2": "vocab-2", "v-half-vocab": "vocab-2"}
+GPUS_PER_NODE = 8          # an HGX/DGX node: where NVLink reaches
+
+
+class ShapedModel:
+    """A GPT of `shape` on `device`s, `gpus_per_node` to a node."""
+    schedules = SHAPE_SCHEDULES
+    policy_names = RECOMPUTE_POLICIES
+    recompute_actions = False         # shape.py charges recomputation to I
+    unit = ("GB", GB)
+    tensor_rule = "divide gpus_per_node (a node), the heads, the hidden size and the MLP's width"
+
+    def __init__(self, shape: ModelShape, device: Device, gpus_per_node: int = GPUS_PER_NODE):
+        self.shape, self.device, self.gpus_per_node = shape, device, gpus_per_node
+        # A block's and the output layer's F + I + W, for balancing stages (per microbatch
+        # row; both scale alike with rows and tensor shards).
+        probe = shape_profile(shape, 1, 2, device, layers_per_stage=[shape.layers, 0]).table
+        self.block = sum(probe[k][0] for k in "FIW") / shape.layers
+        self.head = sum(probe[k][1] for k in "FIW")
+        self._splits: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+
+    def max_stages(self, vocab: bool) -> int:
+        """Every stage holds a block; without vocabulary parallelism the first and last may
+        hold only the embedding or the output layer."""
+        return self.shape.layers if vocab else self.shape.layers + 2
+
+    def meshes(self, devices: int, batch_size: int):
+        """(p, dp, tp, 1): see the module's docstring for tp's rule; no experts."""
+        shape = self.shape
+        ffn = shape.ffn if shape.ffn is not None else 4 * shape.hidden
+
+        def ok(tp: int) -> bool:
+            return not (self.gpus_per_node % tp or shape.heads % tp or shape.hidden % tp
+                        or ffn % tp)
+        for p, dp, tp in meshes(devices, batch_size, shape.layers + 2, ok):
+            yield p, dp, tp, 1
+
+    def shards_vocabulary(self, p: int, dp: int, tp: int) -> bool:
+        return p > 1
+
+    def policies(self, asked, tp: int):
+        return asked
+
+    def bounds(self, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
+        """The contiguous split of (embedding, blocks…, output layer) balancing F + I + W; the
+        embedding is a lookup (weighs nothing), and so is the output layer when sharded."""
+        key = (stages, vocab)           # the weights do not depend on the rows: split once
+        if key not in self._splits:
+            n = self.shape.layers
+            weights = [0.0] + [self.block] * n + [0.0 if vocab else self.head]
+            self._splits[key] = balanced_bounds(weights, stages)
+        return self._splits[key]
+
+    def profile(self, c: Candidate):
+        """shape_profile for the candidate: its blocks per stage, microbatch, tp, policy."""
+        n = self.shape.layers
+        blocks = [min(b, n + 1) - max(a, 1) for a, b in c.bounds]
+        return shape_profile(self.shape, c.rows, len(c.bounds), self.device, c.tensor,
+                             c.recompute, VOCAB_PASSES.get(c.schedule), blocks,
+                             ranks=c.pipeline)
+
+    def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
+        """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""
+        prof = self.profile(c)
+        static = [0.0] * sched.ranks
+        for stage, rank in enumerate(sched.placement):
+            static[rank] += prof.static_bytes[stage]
+        # vocabulary schedules run rank r's shard passes S and T on stage r
+        shard = [prof.shard_bytes if s < c.pipeline else 0.0 for s in range(len(c.bounds))]
+        acts = prof.activation_bytes
+        # I frees nothing, W all (i_frees = 0); recomputation has no R action here
+        table = {KEEPS: [(a, 0.0) for a in acts], FREES: [(0.0, a) for a in acts],
+                 FREES_BUT_STASH: [(0.0, 0.0) for _ in acts],
+                 FREES_STASH: [(0.0, a) for a in acts],
+                 KEEPS_SHARD: [(x, 0.0) for x in shard], FREES_SHARD: [(0.0, x) for x in shard]}
+        return Costs.per_stage(**prof.table, replicas=c.data_parallel), static, table
