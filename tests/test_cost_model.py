@@ -3,6 +3,8 @@ which `simulate` divides over a schedule's stages; `pl.Costs.per_stage` is the e
 import pytest
 
 import pipelab as pl
+from pipelab.schedules.actions import Compound
+from pipelab.sim.timeline import Event, Timeline
 from pipelab.sim import costs as costs_module
 from pipelab.sim import simulate as simulate_module
 from pipelab.sim.tensor_overlap import bubbles
@@ -117,3 +119,15 @@ def test_chunk_costs_is_the_table_simulate_runs_on():
         events(pl.simulate(loop, UNIT))
     with pytest.raises(ValueError, match="rank's worth"):
         compare.chunk_costs(pl.Costs.per_stage(F=1.0), loop)
+
+
+def test_fit_counts_a_doubled_forward_as_two_forwards_and_leaves_pairs_out():
+    # Chimera's forward doubling runs every forward as one compound step 0F0+0F1: the fit
+    # reads each as two forwards of half its time (else F would fit to 0 and a replay of a
+    # doubled run would have free forwards); DualPipe's F&B pairs mix passes and stay out.
+    f0, f1 = pl.Action(0, "F", 0), pl.Action(0, "F", 1)
+    b0, b1 = pl.Action(0, "B", 0), pl.Action(0, "B", 1)
+    events = [Event(0, Compound((f0, f1)), 0.0, 4.0), Event(0, b0, 4.0, 7.0),
+              Event(0, Compound((pl.Action(0, "F", 2), b1)), 7.0, 17.0)]
+    fitted = pl.Costs.fit(Timeline(events, ranks=1), stages=1)
+    assert fitted.F == [2.0] and fitted.B == [3.0]

@@ -317,3 +317,17 @@ def test_throttle_draws_the_newest_state_once_the_burst_is_over():
     assert drawn == [1, 7]              # the first at once, then only the newest
     throttle.request()                  # outside an event loop: at once
     assert drawn == [1, 7, 7]
+
+
+@pytest.mark.parametrize("first_in_seconds", [True, False])
+def test_a_unit_timeline_beside_a_measured_one_keeps_its_own_axis(first_in_seconds):
+    # The player shows timelines in other units at the same share of their makespan: a
+    # unit-cost simulation beside a run in seconds spans its own makespan, whichever is first.
+    sched = pl.schedule("1f1b", ranks=2, microbatches=4)
+    seconds = pl.simulate(sched, pl.Costs(F=0.002, I=0.002, W=0.002, unit="s"))
+    units = pl.simulate(sched, pl.Costs(F=1, I=1, W=1))
+    pair = [seconds, units] if first_in_seconds else [units, seconds]
+    box = pl.explorer.player(pair, memory=False)
+    spans = {tl.time_unit: box.gantt_axes[i].get_xlim()[1] for i, tl in enumerate(pair)}
+    assert spans["s"] == pytest.approx(seconds.makespan * 1e3)          # drawn in ms
+    assert spans[units.time_unit] == pytest.approx(units.makespan)

@@ -9,8 +9,6 @@ from typing import Sequence
 
 from ..sim.compare import schedule_table, simulate_named
 from ..sim.costs import Costs
-from ..sim.simulate import simulate
-from ..sim.timeline import Event, Timeline
 from ..views import ui
 from ..views.compare import against_1f1b, cost_slider as slider
 
@@ -96,32 +94,6 @@ def format_scaling_table(rows: list[dict]) -> str:
 def worst_idle(timeline) -> float:
     """The idle time of the rank that waits most: makespan minus its busy time."""
     return max(timeline.idle().values())
-
-
-def split_doubled(timeline: Timeline) -> Timeline:
-    """The measured timeline with each step of one kind on several microbatches (a doubled
-    forward, `0F0+0F1`) replaced by its parts, one after the other, each an equal share of the
-    step's time and CPU time. Steps of different kinds (DualPipe's pairs) stay as they are."""
-    events = []
-    for e in timeline.events:
-        parts = e.action.parts
-        if len(parts) == 1 or len({a.kind for a in parts}) != 1:
-            events.append(e)
-            continue
-        share = e.duration / len(parts)
-        cpu = None if e.cpu is None else e.cpu / len(parts)
-        events += [Event(e.rank, a, e.start + k * share, e.start + (k + 1) * share, cpu)
-                   for k, a in enumerate(parts)]
-    return Timeline(events, timeline.ranks, source=timeline.source, time_unit=timeline.time_unit)
-
-
-def simulated_from_run(res) -> Timeline:
-    """The run's schedule simulated from the costs its measured timeline implies, counting a
-    doubled forward as two forwards. (`res.simulated` fits with `Costs.fit`, which leaves
-    compound steps out: with forward doubling every forward is one, and F would fit to 0.)"""
-    costs = Costs.fit(split_doubled(res.timeline), res.schedule.stages, res.comm_latency)
-    return simulate(res.schedule, costs, source="simulated",
-                    i_frees=0.0 if res.i_frees is None else res.i_frees)
 
 
 def memory_table(ranks: int, microbatches: int, rank_costs: Costs | None = None,

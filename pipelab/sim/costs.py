@@ -229,13 +229,17 @@ class Costs:
         """The per-stage table (`scope="stage"`) a measured timeline implies: the median time
         of each kind on each stage (CPU time where it was recorded). Each kind is fitted from
         its own samples: I and W from split backwards, B from full ones; where a stage only ran
-        full backwards, I and W are half of its B each. Compound steps are not split."""
+        full backwards, I and W are half of its B each. A compound step of one pass on several
+        microbatches (Chimera's doubled forward `0F0+0F1`) counts as that many passes, each an
+        equal share of its time; one that joins different passes (DualPipe's F&B pair) is left
+        out: no one kind's time can be read from it."""
         samples: dict[tuple[str, int], list[float]] = {}
         for e in timeline.events:
-            if len(e.action.parts) != 1:
+            parts = e.action.parts
+            if len({(a.kind, a.stage) for a in parts}) != 1:
                 continue
-            took = e.cpu if e.cpu is not None else e.duration
-            samples.setdefault((e.action.kind, e.action.stage), []).append(took)
+            took = (e.cpu if e.cpu is not None else e.duration) / len(parts)
+            samples.setdefault((parts[0].kind, parts[0].stage), []).extend([took] * len(parts))
 
         def per_stage(kind: str) -> list[float | None]:
             return [median(samples[(kind, s)]) if (kind, s) in samples else None

@@ -249,7 +249,8 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     FigureCanvasAgg(fig)          # an offscreen canvas of its own: blitting needs its renderer
     axes = fig.subplots(len(rows), 1, squeeze=False,
                         gridspec_kw={"height_ratios": heights})[:, 0]
-    xmax = max(tl.makespan * plots._time_scale(tl)[0] / f for tl, f in zip(timelines, box.factors))
+    # the longest timeline, in the first one's clock (a factor maps it to each timeline's own)
+    xmax = max(tl.makespan / f for tl, f in zip(timelines, box.factors))
     box.gantt_axes, box.memory_axes, box.cursors = {}, {}, []
     mem_max: dict[str, float] = {}
     for tl in timelines:
@@ -267,7 +268,7 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
             plots.plot_memory(tl, ax=ax, title=heading, ymax=mem_max.get(plots._memory_scale(tl)[1]))
             box.memory_axes[i] = ax
         # A timeline in another unit is stretched onto the first one's axis.
-        ax.set_xlim(0, xmax * box.factors[i] * plots._time_scale(tl)[0] / scale)
+        ax.set_xlim(0, xmax * box.factors[i] * plots._time_scale(tl)[0])
         box.cursors.append((i, ax.axvline(0, color="black", linewidth=1.2, zorder=6)))
     height = fig.get_figheight()
     fig.subplots_adjust(**plots.MARGINS, top=1 - (0.45 + 0.2 * critical_path) / height,
