@@ -126,3 +126,27 @@ def test_the_replay_charges_each_action_its_least_inflated_step(clusters):
     assert replayed.keys() == readings.keys()
     for action, cpu in readings.items():
         assert replayed[action] == pytest.approx(min(cpu), rel=1e-9, abs=1e-12)
+
+
+def test_in_a_notebook_the_status_line_is_a_display_emptied_at_the_end(monkeypatch, capsys):
+    # On stderr an erased line leaves a box of blanks under the cell: in a kernel the line is a
+    # display of its own, updated in place and emptied by close().
+    import IPython.display
+    shown = []
+
+    class Handle:
+        def update(self, obj):
+            shown.append(obj)
+
+    def display(obj, display_id=False):
+        shown.append(obj)
+        return Handle()
+
+    monkeypatch.setattr(noise, "in_kernel", lambda: True)
+    monkeypatch.setattr(IPython.display, "display", display)
+    line = noise.StatusLine(enabled=True, delay=0, every=0)
+    line.update("round 1 of 3")
+    line.update("round 2 of 3")
+    line.close()
+    assert [getattr(o, "data", None) for o in shown] == ["round 1 of 3", "round 2 of 3", ""]
+    assert capsys.readouterr().err == ""

@@ -30,16 +30,22 @@ def load_line() -> str:
     return f"load average {load_average():.2f} on {os.cpu_count()} cores"
 
 
-def watched() -> bool:
-    """Whether a person may be watching stderr: a terminal, or a Jupyter kernel (its front end
-    shows stderr under the cell). Plain pytest and redirected scripts are not: no status lines."""
+def in_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel (a front end shows its output under the cell)."""
     if "ipykernel" in sys.modules:
         try:
             from IPython import get_ipython
-            if getattr(get_ipython(), "kernel", None) is not None:
-                return True
+            return getattr(get_ipython(), "kernel", None) is not None
         except ImportError:
             pass
+    return False
+
+
+def watched() -> bool:
+    """Whether a person may be watching stderr: a terminal, or a Jupyter kernel (its front end
+    shows stderr under the cell). Plain pytest and redirected scripts are not: no status lines."""
+    if in_kernel():
+        return True
     try:
         return sys.stderr.isatty()
     except (AttributeError, ValueError):
@@ -60,6 +66,9 @@ class StatusLine:
         self.began = time.perf_counter()
         self._shown_at: float | None = None
         self._width = 0
+        # In a notebook the line is a display of its own, replaced in place and emptied at the
+        # end: stderr would leave a (pink) box of blanks under the cell once it was erased.
+        self._display = None
 
     @property
     def elapsed(self) -> float:
@@ -83,6 +92,14 @@ class StatusLine:
             self._shown_at, self._width = None, 0
 
     def _write(self, text: str) -> None:
+        if self.stream is None and in_kernel():
+            from IPython.display import HTML, Pretty, display
+            shown = Pretty(text.strip("\r")) if text.strip() else HTML("")
+            if self._display is None:
+                self._display = display(shown, display_id=True)
+            else:
+                self._display.update(shown)
+            return
         stream = self.stream if self.stream is not None else sys.stderr
         stream.write(text)
         stream.flush()
