@@ -15,10 +15,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from .actions import Action
+from .bulk import Plain, plain_arrays, producer_rows, waves
 from .errors import ScheduleError
 from .gcpause import without_gc
-from .kinds import KIND_SPECS, Input, collective_kinds, side_lanes
+from .kinds import KIND_SPECS, LANES, Input, collective_kinds, side_lanes
 
 #: One entry of an execution order, as `Order` yields it: (ranks that run it, the step, the
 #: steps whose outputs it consumes).
@@ -61,11 +64,30 @@ class Order:
     """A feasible execution order, as parallel lists indexed by position in the order:
     `steps[k]` ran on the ranks `ranks[k]` once the steps at the positions `producers[k]` (its
     input edges from other steps) had finished. Integer positions instead of actions keep the
-    timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists."""
-    __slots__ = ("steps", "ranks", "producers")
+    timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists.
 
-    def __init__(self, steps: list, ranks: list[tuple[int, ...]], producers: list[list[int]]):
-        self.steps, self.ranks, self.producers = steps, ranks, producers
+    An order found in bulk (a plain schedule: bulk.py) also keeps its arrays, `waves`; its
+    `ranks` and `producers` lists are then built only if something reads them."""
+    __slots__ = ("steps", "_ranks", "_producers", "waves")
+
+    def __init__(self, steps: list, ranks: list[tuple[int, ...]] | None,
+                 producers: list[list[int]] | None, waves: "Waves | None" = None):
+        self.steps, self._ranks, self._producers, self.waves = steps, ranks, producers, waves
+
+    @property
+    def ranks(self) -> list[tuple[int, ...]]:
+        if self._ranks is None:
+            alone = [(r,) for r in range(int(self.waves.rank.max()) + 1)]
+            self._ranks = list(map(alone.__getitem__, self.waves.rank.tolist()))
+        return self._ranks
+
+    @property
+    def producers(self) -> list[list[int]]:
+        if self._producers is None:
+            n = len(self.steps)
+            self._producers = [[p for p in row if p < n]
+                               for row in self.waves.producers.tolist()]
+        return self._producers
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -77,15 +99,55 @@ class Order:
             yield ranks, step, [steps[k] for k in before]
 
 
+class Waves:
+    """A plain schedule's execution order in arrays, by position in the order: the order runs
+    in waves, wave w the positions `bounds[w]:bounds[w + 1]`, at most one step of each rank,
+    every input made in an earlier wave. `rank`, `kind` (an index in `names`) and `stage` of
+    each step; `producers[k]`: the positions of its inputs, in its kind's input order, padded
+    with len(order)."""
+    __slots__ = ("rank", "kind", "stage", "names", "producers", "bounds")
+
+    def __init__(self, rank, kind, stage, names, producers, bounds):
+        self.rank, self.kind, self.stage, self.names = rank, kind, stage, names
+        self.producers, self.bounds = producers, bounds
+
+
+def _bulk_order(schedule, plain: Plain) -> Order | None:
+    """The execution order of a plain schedule found in waves (bulk.py); None when the
+    arrays cannot give one (a kind without `bulk_inputs`, a missing producer, a deadlock)."""
+    made = producer_rows(schedule, plain)
+    found = None if made is None else waves(plain, made)
+    if found is None:
+        return None
+    row = np.concatenate(found)               # position in the order -> row of `plain`
+    n = len(row)
+    position = np.empty(n + 1, np.int64)
+    position[row] = np.arange(n)
+    position[n] = n                           # "no input" stays n (past the last position)
+    producers = position[np.where(made < 0, n, made)[row]]
+    steps = list(map(plain.flat.__getitem__, row.tolist()))
+    bounds = np.concatenate(([0], np.cumsum([len(w) for w in found])))
+    schedule._index = None          # the index of producers is rebuilt when next read
+    return Order(steps, None, None, Waves(plain.rank[row], plain.kind[row], plain.stage[row],
+                                          plain.names, producers, bounds))
+
+
 @without_gc
-def execution_order(schedule) -> Order:
+def execution_order(schedule, plain: Plain | None = None) -> Order:
     """The steps in an order a blocking run could take; raises ScheduleError on deadlock.
 
-    One topological pass over the dataflow graph, event-driven: a rank that cannot move parks
-    on the first missing input (or on a collective not every member has reached) and is woken
-    when that changes, so every step is looked at once or twice, and the pass is linear.
+    A plain schedule (bulk.py; `plain`, its arrays, if already built) is ordered in waves with
+    numpy. Otherwise (or if that finds no order): one topological pass over the dataflow graph,
+    event-driven: a rank that cannot move parks on the first missing input (or on a collective
+    not every member has reached) and is woken when that changes, so every step is looked at
+    once or twice, and the pass is linear.
     """
     s = schedule
+    plain = plain_arrays(s) if plain is None else plain
+    if plain is not None:
+        order = _bulk_order(s, plain)
+        if order is not None:
+            return order
     s.reindex()
     inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}
     collective = collective_kinds()
@@ -188,6 +250,9 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
     all-reduce): the rank computes on, and what the step produces is ready only after it — for
     a consumer on another rank, or on the same rank when `data_edge(consumer, producer)` says
     the edge carries data (not when it only orders two steps, as W after its I)."""
+    if order.waves is not None and tail is None:
+        begin, finish = times_in_waves(order, duration, comm, lanes)
+        return begin.tolist(), finish.tolist()
     steps, ran_on = order.steps, order.ranks
     late: dict | None = {} if tail is not None else None     # position -> output ready
     took = map(duration, steps) if callable(duration) else duration
@@ -227,6 +292,34 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
         for rank in ranks:
             free[(rank, aside) if aside else rank] = finish[k]
     return begin, finish
+
+
+def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+                   lanes: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`step_times` (without tails) of an order found in waves, a wave at a time: the same
+    sums and maxima, so the same times. Returns (start, end) arrays by position."""
+    bulk = order.waves
+    n = len(order.steps)
+    took = np.fromiter(map(duration, order.steps) if callable(duration) else duration,
+                       float, n)
+    beside = side_lanes() if lanes else {}
+    lane_of = np.array([LANES.index(beside.get(k, "compute")) for k in bulk.names], np.int64)
+    lane = bulk.rank * len(LANES) + lane_of[bulk.kind]      # each rank's lanes, side by side
+    free = np.zeros((int(bulk.rank.max()) + 1) * len(LANES))
+    finish = np.full(n + 1, -np.inf)          # n: "no input", never later than anything
+    begin = np.empty(n)
+    producers = bulk.producers
+    crosses = bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]
+    delay = np.where(crosses & (producers < n), comm, 0.0)
+    bounds = bulk.bounds.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        here = lane[a:b]
+        start = free[here]
+        for j in range(producers.shape[1]):
+            start = np.maximum(start, finish[producers[a:b, j]] + delay[a:b, j])
+        begin[a:b] = start
+        finish[a:b] = free[here] = start + took[a:b]
+    return begin, finish[:n]
 
 
 def timed_run(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
