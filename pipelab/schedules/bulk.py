@@ -158,41 +158,56 @@ def producer_rows(schedule, plain: Plain) -> np.ndarray | None:
     return found
 
 
-def waves(plain: Plain, producers: np.ndarray) -> list[np.ndarray] | None:
-    """An execution order as waves of rows: in each, every rank that can run its next action
-    does (its inputs made in earlier waves), in rank order; None on a deadlock.
+def waves(plain: Plain, producers: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+    """An execution order in waves: in each, every rank that can run its next action does
+    (its inputs made in earlier waves), in rank order. Returns (the rows in that order, where
+    each wave starts in it and where the last ends), or None on a deadlock.
 
     An input made earlier on the same rank is there by program order and is not waited for;
     one made later on the same rank deadlocks (None: the step-by-step pass explains it)."""
-    n = len(plain.flat)
-    rows = np.arange(n)[:, None]
+    n, ranks = len(plain.flat), len(plain.starts) - 1
+    rows = np.arange(n)
     has = producers >= 0
     local = has & (plain.rank[np.maximum(producers, 0)] == plain.rank[:, None])
-    if (local & (producers > rows)).any():
+    if (local & (producers > rows[:, None])).any():
         return None
-    wait = np.where(has & ~local, producers, n)          # n: a row always done
-    wait = wait[:, (wait < n).any(axis=0)]
-    done = np.zeros(n + 1, bool)
-    done[n] = True
-    position, end = plain.starts[:-1].copy(), plain.starts[1:]
-    active = np.flatnonzero(position < end)
-    one = wait[:, 0] if wait.shape[1] == 1 else None
-    out = []
-    while active.size:
-        step = position[active]
-        if wait.shape[1] == 0:
-            ready = None
-        elif one is not None:
-            ready = done[one[step]]
+    # Slots: row i is slot i + rank(i), so each rank's actions are followed by one slot of its
+    # own, its end, which never gets ready; two more slots: "always done" and "never done".
+    # Each wave then looks at every rank's next slot, without keeping a list of busy ranks.
+    slot = rows + plain.rank
+    always, never = n + ranks, n + ranks + 1
+    wait = np.where(has & ~local, slot[np.maximum(producers, 0)], always)
+    wait = ascending(wait)                                       # "always" last in each row,
+    wait = wait[:, (wait != always).any(axis=0)]                 # the columns that wait first
+    waits = np.full((n + ranks, wait.shape[1]), never, np.int64)   # the ends wait forever
+    waits[slot] = wait
+    done = np.zeros(n + ranks + 2, bool)
+    done[always] = True
+    position = plain.starts[:-1] + np.arange(ranks)             # each rank's next slot
+    one = waits[:, 0] if waits.shape[1] == 1 else None
+    out, placed = [], 0
+    while placed < n:
+        if one is not None:
+            ready = done[one[position]]
+        elif waits.shape[1]:
+            ready = done[waits[position]].all(axis=1)
         else:
-            ready = done[wait[step]].all(axis=1)
-        moved = active
-        if ready is not None and not ready.all():
-            moved, step = active[ready], step[ready]
-            if not moved.size:
-                return None                            # no rank can move: a deadlock
+            ready = position < (plain.starts[1:] + np.arange(ranks))
+        step = position[ready]
+        if not step.size:
+            return None                                # no rank can move: a deadlock
         done[step] = True
         out.append(step)
-        position[moved] += 1
-        active = active[position[active] < end[active]]
-    return out
+        placed += step.size
+        position += ready                              # the ranks that moved, one slot on
+    row_of = np.empty(n + ranks, np.int64)               # slot -> row, for the rows' slots
+    row_of[slot] = rows
+    return row_of[np.concatenate(out)], np.cumsum([0] + [len(step) for step in out])
+
+
+def ascending(rows: np.ndarray) -> np.ndarray:
+    """Each row sorted (np.sort is slow on many short rows; an action has one or two inputs)."""
+    if rows.shape[1] != 2:
+        return np.sort(rows, axis=1)
+    first, second = rows[:, 0], rows[:, 1]
+    return np.stack([np.minimum(first, second), np.maximum(first, second)], axis=1)

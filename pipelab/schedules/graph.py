@@ -18,7 +18,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 
 from .actions import Action
-from .bulk import Plain, plain_arrays, producer_rows, waves
+from .bulk import Plain, ascending, plain_arrays, producer_rows, waves
 from .errors import ScheduleError
 from .gcpause import without_gc
 from .kinds import KIND_SPECS, LANES, Input, collective_kinds, side_lanes
@@ -119,14 +119,13 @@ def _bulk_order(schedule, plain: Plain) -> Order | None:
     found = None if made is None else waves(plain, made)
     if found is None:
         return None
-    row = np.concatenate(found)               # position in the order -> row of `plain`
+    row, bounds = found                       # row: position in the order -> row of `plain`
     n = len(row)
     position = np.empty(n + 1, np.int64)
     position[row] = np.arange(n)
     position[n] = n                           # "no input" stays n (past the last position)
     producers = position[np.where(made < 0, n, made)[row]]
     steps = list(map(plain.flat.__getitem__, row.tolist()))
-    bounds = np.concatenate(([0], np.cumsum([len(w) for w in found])))
     schedule._index = None          # the index of producers is rebuilt when next read
     return Order(steps, None, None, Waves(plain.rank[row], plain.kind[row], plain.stage[row],
                                           plain.names, producers, bounds))
@@ -300,8 +299,8 @@ def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: flo
     sums and maxima, so the same times. Returns (start, end) arrays by position."""
     bulk = order.waves
     n = len(order.steps)
-    took = np.fromiter(map(duration, order.steps) if callable(duration) else duration,
-                       float, n)
+    took = np.fromiter(map(duration, order.steps), float, n) if callable(duration) \
+        else np.asarray(duration, float)
     beside = side_lanes() if lanes else {}
     lane_of = np.array([LANES.index(beside.get(k, "compute")) for k in bulk.names], np.int64)
     lane = bulk.rank * len(LANES) + lane_of[bulk.kind]      # each rank's lanes, side by side
@@ -309,14 +308,24 @@ def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: flo
     finish = np.full(n + 1, -np.inf)          # n: "no input", never later than anything
     begin = np.empty(n)
     producers = bulk.producers
-    crosses = bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]
-    delay = np.where(crosses & (producers < n), comm, 0.0)
+    made_by = np.minimum(producers, n - 1)
+    crosses = (bulk.rank[made_by] != bulk.rank[:, None]) & (producers < n)
+    if took.min() >= 0:         # an input made before on the same lane ends before it is free
+        same = (lane[made_by] == lane[:, None]) & (producers < n)
+        producers = ascending(np.where(same, n, producers))      # "no input" (n) last
+        crosses = bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]
+        crosses &= producers < n
+    keep = (producers < n).any(axis=0)
+    inputs = [np.ascontiguousarray(column) for column in producers[:, keep].T]
+    delays = [np.ascontiguousarray(np.where(c, comm, 0.0)) for c in crosses[:, keep].T] \
+        if comm else [None] * len(inputs)
     bounds = bulk.bounds.tolist()
     for a, b in zip(bounds, bounds[1:]):
         here = lane[a:b]
         start = free[here]
-        for j in range(producers.shape[1]):
-            start = np.maximum(start, finish[producers[a:b, j]] + delay[a:b, j])
+        for made, delay in zip(inputs, delays):
+            arrival = finish[made[a:b]]
+            start = np.maximum(start, arrival if delay is None else arrival + delay[a:b])
         begin[a:b] = start
         finish[a:b] = free[here] = start + took[a:b]
     return begin, finish[:n]
