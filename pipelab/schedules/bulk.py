@@ -21,18 +21,21 @@ from .actions import Action
 from .kinds import DEFAULT_PRODUCER, KIND_SPECS
 
 NONE = -1          # "no edge" in the key and position arrays
+MISSING = -2       # in a key array: an edge from an action of a kind the schedule never runs
 
 
 class Plain:
     """The actions of a plain schedule, rank by rank in program order: `flat[i]` is action i,
     on rank `rank[i]`, of stage `stage[i]`, kind `names[kind[i]]`, microbatch `mb[i]`; rank r's
-    actions are `starts[r]:starts[r + 1]`. `where[key]` is the row of an action's key
-    (`Table.of`), NONE if the schedule does not run it."""
-    __slots__ = ("flat", "rank", "stage", "kind", "mb", "starts", "names", "where")
+    actions are `starts[r]:starts[r + 1]`. An action's key numbers (stage, kind, microbatch)
+    over the kinds the schedule uses (`used`: kind -> its number among them); `key[i]` is row
+    i's and `where[key]` the row of a key, NONE if the schedule does not run that action."""
+    __slots__ = ("flat", "rank", "stage", "kind", "mb", "starts", "names", "used", "key",
+                 "where")
 
-    def __init__(self, flat, rank, stage, kind, mb, starts, names, where):
+    def __init__(self, flat, rank, stage, kind, mb, starts, names, used, key, where):
         self.flat, self.rank, self.stage, self.kind, self.mb = flat, rank, stage, kind, mb
-        self.starts, self.names, self.where = starts, names, where
+        self.starts, self.names, self.used, self.key, self.where = starts, names, used, key, where
 
 
 def plain_arrays(s) -> Plain | None:
@@ -54,14 +57,18 @@ def plain_arrays(s) -> Plain | None:
     if kind.min() < 0 or stage.min() < 0 or stage.max() >= stages or mb.min() < 0 \
             or mb.max() >= m or (np.asarray(s.placement)[stage] != rank).any():
         return None                       # unknown or collective kind, out of range, misplaced
-    key = (stage * len(names) + kind) * m + mb
-    where = np.full(stages * len(names) * m, NONE, np.int64)
+    present = np.flatnonzero(np.bincount(kind, minlength=len(names)))
+    number = np.zeros(len(names), np.int64)
+    number[present] = np.arange(len(present))
+    key = (stage * len(present) + number[kind]) * m + mb
+    where = np.full(stages * len(present) * m, NONE, np.int64)
     rows = np.arange(n)
     where[key] = rows
     if (where[key] != rows).any():
         return None                       # an action twice: one row of its key lost
     starts = np.concatenate(([0], np.cumsum(lengths)))
-    return Plain(flat, rank, stage, kind, mb, starts, names, where)
+    used = {names[c]: i for i, c in enumerate(present.tolist())}
+    return Plain(flat, rank, stage, kind, mb, starts, names, used, key, where)
 
 
 class Table:
@@ -70,7 +77,6 @@ class Table:
 
     def __init__(self, schedule, plain: Plain):
         self.schedule, self.plain = schedule, plain
-        self.code = {k: i for i, k in enumerate(plain.names)}
         self._made: dict[str, np.ndarray] = {}
         if schedule.routes is None:
             last = len(schedule.placement) - 1
@@ -81,9 +87,12 @@ class Table:
             self._before, self._after = np.asarray(before), np.asarray(after)
 
     def of(self, kind: str, stage: np.ndarray, mb: np.ndarray) -> np.ndarray:
-        """The keys of the actions (stage, kind, mb); NONE where `stage` is NONE."""
-        m = self.schedule.microbatches
-        key = (stage * len(self.plain.names) + self.code[kind]) * m + mb
+        """The keys of the actions (stage, kind, mb); NONE where `stage` is NONE, MISSING
+        where the schedule runs no action of `kind`."""
+        number = self.plain.used.get(kind)
+        if number is None:
+            return np.where(stage < 0, NONE, MISSING)
+        key = (stage * len(self.plain.used) + number) * self.schedule.microbatches + mb
         return np.where(stage < 0, NONE, key)
 
     def made(self, output: str, stage: np.ndarray, mb: np.ndarray,
@@ -114,8 +123,8 @@ class Table:
     def _producers(self, output: str) -> np.ndarray:
         """Per (stage, mb): the key of the action of a kind that produces `output` but is not
         its usual producer (what `Schedule.reindex` indexes), else NONE."""
-        from_kinds = [self.code[k] for k, spec in KIND_SPECS.items()
-                      if spec.output == output and DEFAULT_PRODUCER.get(output) != k]
+        from_kinds = [i for i, k in enumerate(self.plain.names) if KIND_SPECS[k].output == output
+                      and DEFAULT_PRODUCER.get(output) != k]
         p, s = self.plain, self.schedule
         table = np.full(s.stages * s.microbatches, NONE, np.int64)
         rows = np.flatnonzero(np.isin(p.kind, from_kinds))
@@ -123,7 +132,7 @@ class Table:
         table[slot] = rows
         if (table[slot] != rows).any():     # two producers of one output: the index keeps the
             raise _Ambiguous                 # later one; that is left to the step-by-step way
-        table[slot] = (p.stage[rows] * len(p.names) + p.kind[rows]) * s.microbatches + p.mb[rows]
+        table[slot] = p.key[rows]
         return table
 
 
@@ -138,11 +147,11 @@ def producer_rows(schedule, plain: Plain) -> np.ndarray | None:
     table = Table(schedule, plain)
     columns: list[np.ndarray] = []
     try:
-        for code in np.unique(plain.kind).tolist():
-            rule = KIND_SPECS[plain.names[code]].bulk_inputs
+        for name in plain.used:
+            rule = KIND_SPECS[name].bulk_inputs
             if rule is None:
                 return None
-            rows = np.flatnonzero(plain.kind == code)
+            rows = np.flatnonzero(plain.kind == plain.names.index(name))
             for j, keys in enumerate(rule(schedule, table, plain.stage[rows], plain.mb[rows])):
                 if j == len(columns):
                     columns.append(np.full(len(plain.flat), NONE, np.int64))
@@ -153,7 +162,7 @@ def producer_rows(schedule, plain: Plain) -> np.ndarray | None:
         return np.full((len(plain.flat), 0), NONE, np.int64)
     keys = np.stack(columns, axis=1)
     found = np.where(keys < 0, NONE, plain.where[np.maximum(keys, 0)])
-    if ((keys >= 0) & (found < 0)).any():
+    if (keys == MISSING).any() or ((keys >= 0) & (found < 0)).any():
         return None                          # a producer the schedule never runs
     return found
 
