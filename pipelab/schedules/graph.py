@@ -321,13 +321,13 @@ def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: flo
         if comm else [None] * len(inputs)
     bounds = bulk.bounds.tolist()
     for a, b in zip(bounds, bounds[1:]):
-        here = lane[a:b]
-        start = free[here]
+        here, start, end = lane[a:b], begin[a:b], finish[a:b]
+        start[:] = free[here]
         for made, delay in zip(inputs, delays):
             arrival = finish[made[a:b]]
-            start = np.maximum(start, arrival if delay is None else arrival + delay[a:b])
-        begin[a:b] = start
-        finish[a:b] = free[here] = start + took[a:b]
+            np.maximum(start, arrival if delay is None else arrival + delay[a:b], out=start)
+        np.add(start, took[a:b], out=end)
+        free[here] = end
     return begin, finish[:n]
 
 

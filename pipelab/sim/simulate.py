@@ -124,7 +124,7 @@ def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) 
         return np.array(list(map(_cached_durations(costs, microbatches), order.steps)), float)
     _rank, kind, stage = plain
     table = np.zeros((len(names), stage.max() + 1))
-    for k in np.unique(kind).tolist():
+    for k in np.flatnonzero(np.bincount(kind)).tolist():
         table[k] = [costs.duration(_new(Action, (s, names[k], 0)), microbatches)
                     for s in range(table.shape[1])]
     return table[kind, stage]

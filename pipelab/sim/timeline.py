@@ -98,7 +98,7 @@ class Timeline:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
         # `presorted`: the events are in (start, rank) order already (the simulator sorts its
         # arrays), so the sort is skipped.
-        self.events = list(events) if presorted else _by_start_then_rank(events)
+        self.events = events if presorted else _by_start_then_rank(events)
         self.ranks = ranks
         self.source = source
         self.memory = memory or {r: [] for r in range(ranks)}
