@@ -57,8 +57,8 @@ def main() -> None:
     print(f"target: together <= {TARGET_CPU_S} s of CPU: "
           f"{'met' if cpu <= TARGET_CPU_S else 'not met'} ({cpu:.3f} s)")
     print("(simulate reuses the validated execution order that the schedule caches while unchanged)")
-    print(f"makespan {tl.makespan:g} (formula {3 * (args.microbatches + args.ranks - 1)}), "
-          f"bubble fraction {tl.bubble_fraction():.4f}")
+    print(f"makespan {tl.makespan:g} (1F1B's closed form 3(m+p-1) = "
+          f"{3 * (args.microbatches + args.ranks - 1)}), bubble fraction {tl.bubble_fraction():.4f}")
 
 
 if __name__ == "__main__":

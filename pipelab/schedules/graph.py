@@ -66,13 +66,19 @@ class Order:
     input edges from other steps) had finished. Integer positions instead of actions keep the
     timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists.
 
-    An order found in bulk (a plain schedule: bulk.py) also keeps its arrays, `waves`; its
-    `ranks` and `producers` lists are then built only if something reads them."""
-    __slots__ = ("steps", "_ranks", "_producers", "waves")
+    An order found in bulk (a plain schedule: bulk.py) keeps its arrays, `waves`, instead; its
+    lists are then built only if something reads them (the simulator reads the arrays)."""
+    __slots__ = ("_steps", "_ranks", "_producers", "waves")
 
-    def __init__(self, steps: list, ranks: list[tuple[int, ...]] | None,
+    def __init__(self, steps: list | None, ranks: list[tuple[int, ...]] | None,
                  producers: list[list[int]] | None, waves: "Waves | None" = None):
-        self.steps, self._ranks, self._producers, self.waves = steps, ranks, producers, waves
+        self._steps, self._ranks, self._producers, self.waves = steps, ranks, producers, waves
+
+    @property
+    def steps(self) -> list:
+        if self._steps is None:
+            self._steps = list(map(self.waves.flat.__getitem__, self.waves.row.tolist()))
+        return self._steps
 
     @property
     def ranks(self) -> list[tuple[int, ...]]:
@@ -84,13 +90,13 @@ class Order:
     @property
     def producers(self) -> list[list[int]]:
         if self._producers is None:
-            n = len(self.steps)
+            n = len(self)
             self._producers = [[p for p in row if p < n]
                                for row in self.waves.producers.tolist()]
         return self._producers
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.waves.row) if self._steps is None else len(self._steps)
 
     def __iter__(self) -> Iterator[OrderEntry]:
         """(ranks, step, the steps it consumes) in order."""
@@ -102,14 +108,14 @@ class Order:
 class Waves:
     """A plain schedule's execution order in arrays, by position in the order: the order runs
     in waves, wave w the positions `bounds[w]:bounds[w + 1]`, at most one step of each rank,
-    every input made in an earlier wave. `rank`, `kind` (an index in `names`) and `stage` of
-    each step; `producers[k]`: the positions of its inputs, in its kind's input order, padded
-    with len(order)."""
-    __slots__ = ("rank", "kind", "stage", "names", "producers", "bounds")
+    every input made in an earlier wave. Step k is `flat[row[k]]` (the schedule's actions, rank
+    after rank); `rank`, `kind` (an index in `names`) and `stage` of each step; `producers[k]`:
+    the positions of its inputs, in its kind's input order, padded with len(order)."""
+    __slots__ = ("flat", "row", "rank", "kind", "stage", "names", "producers", "bounds")
 
-    def __init__(self, rank, kind, stage, names, producers, bounds):
-        self.rank, self.kind, self.stage, self.names = rank, kind, stage, names
-        self.producers, self.bounds = producers, bounds
+    def __init__(self, flat, row, rank, kind, stage, names, producers, bounds):
+        self.flat, self.row, self.rank, self.kind, self.stage = flat, row, rank, kind, stage
+        self.names, self.producers, self.bounds = names, producers, bounds
 
 
 def _bulk_order(schedule, plain: Plain) -> Order | None:
@@ -125,10 +131,9 @@ def _bulk_order(schedule, plain: Plain) -> Order | None:
     position[row] = np.arange(n)
     position[n] = n                           # "no input" stays n (past the last position)
     producers = position[np.where(made < 0, n, made)[row]]
-    steps = list(map(plain.flat.__getitem__, row.tolist()))
     schedule._index = None          # the index of producers is rebuilt when next read
-    return Order(steps, None, None, Waves(plain.rank[row], plain.kind[row], plain.stage[row],
-                                          plain.names, producers, bounds))
+    return Order(None, None, None, Waves(plain.flat, row, plain.rank[row], plain.kind[row],
+                                         plain.stage[row], plain.names, producers, bounds))
 
 
 @without_gc
@@ -298,7 +303,7 @@ def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: flo
     """`step_times` (without tails) of an order found in waves, a wave at a time: the same
     sums and maxima, so the same times. Returns (start, end) arrays by position."""
     bulk = order.waves
-    n = len(order.steps)
+    n = len(order)
     took = np.fromiter(map(duration, order.steps), float, n) if callable(duration) \
         else np.asarray(duration, float)
     beside = side_lanes() if lanes else {}

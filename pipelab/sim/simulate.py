@@ -63,7 +63,8 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         rank, kind, _stage = plain
         by_time = np.lexsort((rank, starts))          # the order Timeline sorts its events in
         events = list(map(_new, repeat(Event), zip(
-            rank[by_time].tolist(), map(order.steps.__getitem__, by_time.tolist()),
+            rank[by_time].tolist(), map(order.waves.flat.__getitem__,
+                                        order.waves.row[by_time].tolist()),
             starts[by_time].tolist(), ends[by_time].tolist(), repeat(None))))
         rows = rank, kind, starts, ends
     elif plain is not None:                  # one event per step, built in bulk
