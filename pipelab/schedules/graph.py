@@ -9,6 +9,10 @@ The dry run executes the schedule the way the runtime does: each rank runs its s
 in order; a step starts once every action it consumes has finished (sends never block); a
 collective step starts once every member rank has reached it. If no rank can move and some
 still have work, the schedule deadlocks.
+
+A plain schedule (bulk.py: single actions of kinds with `bulk_inputs`) is ordered and timed in
+numpy instead, wave by wave, with the same result; anything else, and every error, goes step
+by step.
 """
 from __future__ import annotations
 
