@@ -313,30 +313,35 @@ def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: flo
     beside = side_lanes() if lanes else {}
     lane_of = np.array([LANES.index(beside.get(k, "compute")) for k in bulk.names], np.int64)
     lane = bulk.rank * len(LANES) + lane_of[bulk.kind]      # each rank's lanes, side by side
-    free = np.zeros((int(bulk.rank.max()) + 1) * len(LANES))
-    finish = np.full(n + 1, -np.inf)          # n: "no input", never later than anything
-    begin = np.empty(n)
+    # A step waits for the step before it on its lane (its lane is free when that ends): an
+    # input like the others. The order keeps each rank's program order, so a stable sort by
+    # lane lists each lane's steps in it. Position n + 1 (the first on a lane): free at 0.
+    by_lane = np.argsort(lane.astype(np.int32 if lane.max() >= 2 ** 15 else np.int16),
+                         kind="stable")          # (a radix sort, for 16-bit numbers)
+    follows = lane[by_lane[1:]] == lane[by_lane[:-1]]
+    before = np.full(n, n + 1)
+    before[by_lane[1:][follows]] = by_lane[:-1][follows]
     producers = bulk.producers
-    made_by = np.minimum(producers, n - 1)
-    crosses = (bulk.rank[made_by] != bulk.rank[:, None]) & (producers < n)
-    if took.min() >= 0:         # an input made before on the same lane ends before it is free
+    if took.min() >= 0:    # an input made before on the same lane ends before the lane is free
+        made_by = np.minimum(producers, n - 1)
         same = (lane[made_by] == lane[:, None]) & (producers < n)
         producers = ascending(np.where(same, n, producers))      # "no input" (n) last
-        crosses = bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]
-        crosses &= producers < n
+    crosses = (bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]) & (producers < n)
     keep = (producers < n).any(axis=0)
     inputs = [np.ascontiguousarray(column) for column in producers[:, keep].T]
     delays = [np.ascontiguousarray(np.where(c, comm, 0.0)) for c in crosses[:, keep].T] \
         if comm else [None] * len(inputs)
+    finish = np.full(n + 2, -np.inf)          # n: "no input", never later than anything
+    finish[n + 1] = 0.0
+    begin = np.empty(n)
     bounds = bulk.bounds.tolist()
     for a, b in zip(bounds, bounds[1:]):
-        here, start, end = lane[a:b], begin[a:b], finish[a:b]
-        start[:] = free[here]
+        start = finish[before[a:b]]
         for made, delay in zip(inputs, delays):
             arrival = finish[made[a:b]]
             np.maximum(start, arrival if delay is None else arrival + delay[a:b], out=start)
-        np.add(start, took[a:b], out=end)
-        free[here] = end
+        begin[a:b] = start
+        np.add(start, took[a:b], out=finish[a:b])
     return begin, finish[:n]
 
 
