@@ -84,3 +84,48 @@ def test_the_benchmark_size_simulates_to_the_closed_form():
     assert all(timeline.memory_curve(r)[-1][1] == 0 for r in range(p))
     assert timeline.peak_activations()[0] == p
     assert np.isclose(timeline.bubble_fraction(), (p - 1) / (m + p - 1))
+
+
+@pytest.fixture
+def side_lane_kind():
+    """A kind on the communication lane that the bulk way can order (it has `bulk_inputs`):
+    it reads its (stage, microbatch)'s W. Removed again after the test."""
+    from pipelab.schedules import Input, register_kind
+    from pipelab.schedules.kinds import KIND_SPECS, KINDS, VERSION
+    specs, names = dict(KIND_SPECS), dict(KINDS)
+    register_kind("Qs", "a gradient send beside the compute (test)", lane="comm",
+                  cost=lambda costs, stage: 0.45,
+                  inputs=lambda s, a: [Input("grads", pl.schedules.Action(a[0], "W", a[2]), False)],
+                  bulk_inputs=lambda s, table, stage, mb: [table.of("W", stage, mb)])
+    yield "Qs"
+    KIND_SPECS.clear(), KIND_SPECS.update(specs)
+    KINDS.clear(), KINDS.update(names)
+    VERSION[0] += 1
+
+
+def test_a_kind_on_a_side_lane_is_timed_in_bulk_as_step_by_step(side_lane_kind, monkeypatch):
+    """The lanes of the bulk timing: a step on the communication lane queues behind the one
+    before it there, not behind the compute."""
+    def build():                         # ZB-H1 with a send after each W
+        base = pl.schedule("zb-h1", ranks=3, microbatches=6)
+        rows = []
+        for acts in base.actions:
+            row = []
+            for a in acts:
+                row.append(a)
+                if a[1] == "W":
+                    row.append(pl.schedules.Action(a[0], side_lane_kind, a[2]))
+            rows.append(row)
+        return Schedule(rows, base.placement, base.microbatches)
+    costs = pl.Costs(F=1.0, I=1.1, W=0.3, comm=0.2)
+    sched = build()
+    fast = pl.simulate(sched, costs)
+    assert sched.execution_order().waves is not None
+    monkeypatch.setattr(graph, "producer_rows", lambda schedule, plain: None)
+    slow = pl.simulate(build(), costs)
+    assert fast.events == slow.events
+    sends = fast.side_events("comm")
+    assert len(sends) == 3 * 6
+    # somewhere a send overlaps the compute after it on its rank (it is on a lane of its own)
+    assert any(e.end > f.start for e in sends for f in fast.events_of(e.rank)
+               if f.action[1] != side_lane_kind and f.start >= e.start and f.start < e.end)
