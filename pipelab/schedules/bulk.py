@@ -2,8 +2,8 @@
 numpy, for schedules of 10^5 actions (a Python step per action costs microseconds each).
 
 "Plain" means: every step is a single action of a per-microbatch kind that no collective runs,
-in range, on the rank that owns its stage, each action once, and every (stage, microbatch) at
-most as many actions as there are actions (else something is missing). Anything else, and any
+in range, on the rank that owns its stage, each action once, and no more (stage, microbatch)
+pairs than actions (else some pair has none: something is missing). Anything else, and any
 schedule these arrays cannot order (a missing producer, a deadlock), goes the step-by-step way
 (validate.py, graph.py), which explains what is wrong. Both ways give the same results.
 
@@ -173,12 +173,13 @@ def waves(plain: Plain, producers: np.ndarray) -> tuple[np.ndarray, np.ndarray] 
     each wave starts in it and where the last ends), or None on a deadlock.
 
     An input made earlier on the same rank is there by program order and is not waited for;
-    one made later on the same rank deadlocks (None: the step-by-step pass explains it)."""
+    one made later on the same rank (or by the action itself) deadlocks (None: the
+    step-by-step pass explains it)."""
     n, ranks = len(plain.flat), len(plain.starts) - 1
     rows = np.arange(n)
     has = producers >= 0
     local = has & (plain.rank[np.maximum(producers, 0)] == plain.rank[:, None])
-    if (local & (producers > rows[:, None])).any():
+    if (local & (producers >= rows[:, None])).any():
         return None
     # Slots: row i is slot i + rank(i), so each rank's actions are followed by one slot of its
     # own, its end, which never gets ready; two more slots: "always done" and "never done".
