@@ -1,9 +1,11 @@
 """How fast is the schedule language on a big pipeline? 1F1B, 64 ranks × 1024 microbatches.
 
-Prints the median of several repeats for each phase; the target is the three together under
-0.5 s of CPU time on one core (CPU time: wall-clock on the shared 2-core machines measures the
-neighbours too). `simulate` needs the execution order that `validate` computes; the
-schedule caches it while unchanged, so the simulate phase measures the simulation alone.
+Prints, for each phase (generate, validate, simulate), the best CPU time of several repeats
+and the median wall-clock time beside the load average. The target (issue 27) is the three
+together in at most 0.25 s of CPU on one core: CPU time, because wall-clock on the shared
+2-core machines measures the neighbours too, and the best repeat, because a busy machine only
+ever adds to it. `simulate` needs the execution order that `validate` computes; the schedule
+caches it while unchanged, so the simulate phase measures the simulation alone.
 """
 import argparse
 import gc
@@ -12,18 +14,23 @@ import time
 
 import pipelab as pl
 from pipelab.schedules import validate
+from pipelab.support import noise
+
+TARGET_CPU_S = 0.25
 
 
 def timed(fn, repeats):
-    """Median wall and CPU seconds; CPU time is what the work needs when cores are shared."""
-    wall, cpu = [], []
+    """(best CPU seconds, median wall seconds, a result) over `repeats` runs. The previous
+    run's result is freed before the next starts, outside the clocks."""
+    wall, cpu, out = [], [], None
     for _ in range(repeats):
+        out = None
         gc.collect()    # start each repeat clean, so no repeat pays for the previous one's garbage
         w0, c0 = time.perf_counter(), time.process_time()
         out = fn()
         wall.append(time.perf_counter() - w0)
         cpu.append(time.process_time() - c0)
-    return statistics.median(wall), statistics.median(cpu), out
+    return min(cpu), statistics.median(wall), out
 
 
 def main() -> None:
@@ -40,15 +47,18 @@ def main() -> None:
     val = timed(lambda: validate(sched), args.repeats)     # uncached, unlike sched.validate()
     sim = timed(lambda: pl.simulate(sched, pl.Costs()), args.repeats)
     tl = sim[2]
-    print(f"{args.schedule}: {args.ranks} ranks x {args.microbatches} microbatches = {len(sched)} actions")
-    print(f"{'phase':<10} {'wall s':>8} {'cpu s':>8} {'target s':>9}  ok")
-    for phase, (wall, cpu, _) in (("generate", gen), ("validate", val), ("simulate", sim)):
-        print(f"{phase:<10} {wall:8.3f} {cpu:8.3f} {'':>9}")
-    wall, cpu = (sum(phase[i] for phase in (gen, val, sim)) for i in (0, 1))
-    print(f"{'together':<10} {wall:8.3f} {cpu:8.3f} {0.5:9.1f}  {'yes' if cpu < 0.5 else 'NO'}")
+    print(f"{args.schedule}: {args.ranks} ranks x {args.microbatches} microbatches = "
+          f"{len(sched)} actions; best CPU of {args.repeats} repeats, median wall-clock")
+    print(f"{'phase':<10} {'cpu s':>8} {'wall s':>8}")
+    for phase, (cpu, wall, _) in (("generate", gen), ("validate", val), ("simulate", sim)):
+        print(f"{phase:<10} {cpu:8.3f} {wall:8.3f}")
+    cpu, wall = (sum(phase[i] for phase in (gen, val, sim)) for i in (0, 1))
+    print(f"{'together':<10} {cpu:8.3f} {wall:8.3f}   ({noise.load_line()})")
+    print(f"target: together <= {TARGET_CPU_S} s of CPU: "
+          f"{'met' if cpu <= TARGET_CPU_S else 'not met'} ({cpu:.3f} s)")
     print("(simulate reuses the validated execution order that the schedule caches while unchanged)")
-    print(f"makespan {tl.makespan:g} (formula {3 * (args.microbatches + args.ranks - 1)}), "
-          f"bubble fraction {tl.bubble_fraction():.4f}")
+    print(f"makespan {tl.makespan:g} (1F1B's closed form 3(m+p-1) = "
+          f"{3 * (args.microbatches + args.ranks - 1)}), bubble fraction {tl.bubble_fraction():.4f}")
 
 
 if __name__ == "__main__":

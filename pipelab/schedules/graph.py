@@ -9,16 +9,23 @@ The dry run executes the schedule the way the runtime does: each rank runs its s
 in order; a step starts once every action it consumes has finished (sends never block); a
 collective step starts once every member rank has reached it. If no rank can move and some
 still have work, the schedule deadlocks.
+
+A plain schedule (bulk.py: single actions of kinds with `bulk_inputs`) is ordered and timed in
+numpy instead, wave by wave, with the same result; anything else, and every error, goes step
+by step.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 from typing import Callable, Iterator, Sequence
 
+import numpy as np
+
 from .actions import Action
+from .bulk import Plain, ascending, plain_arrays, producer_rows, waves
 from .errors import ScheduleError
 from .gcpause import without_gc
-from .kinds import KIND_SPECS, Input, collective_kinds, side_lanes
+from .kinds import KIND_SPECS, LANES, Input, collective_kinds, side_lanes
 
 #: One entry of an execution order, as `Order` yields it: (ranks that run it, the step, the
 #: steps whose outputs it consumes).
@@ -61,14 +68,39 @@ class Order:
     """A feasible execution order, as parallel lists indexed by position in the order:
     `steps[k]` ran on the ranks `ranks[k]` once the steps at the positions `producers[k]` (its
     input edges from other steps) had finished. Integer positions instead of actions keep the
-    timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists."""
-    __slots__ = ("steps", "ranks", "producers")
+    timing pass (`timed_run`) to list look-ups, and keep a 10^5-step order to three lists.
 
-    def __init__(self, steps: list, ranks: list[tuple[int, ...]], producers: list[list[int]]):
-        self.steps, self.ranks, self.producers = steps, ranks, producers
+    An order found in bulk (a plain schedule: bulk.py) keeps its arrays, `waves`, instead; its
+    lists are then built only if something reads them (the simulator reads the arrays)."""
+    __slots__ = ("_steps", "_ranks", "_producers", "waves")
+
+    def __init__(self, steps: list | None, ranks: list[tuple[int, ...]] | None,
+                 producers: list[list[int]] | None, waves: "Waves | None" = None):
+        self._steps, self._ranks, self._producers, self.waves = steps, ranks, producers, waves
+
+    @property
+    def steps(self) -> list:
+        if self._steps is None:
+            self._steps = list(map(self.waves.flat.__getitem__, self.waves.row.tolist()))
+        return self._steps
+
+    @property
+    def ranks(self) -> list[tuple[int, ...]]:
+        if self._ranks is None:
+            alone = [(r,) for r in range(int(self.waves.rank.max()) + 1)]
+            self._ranks = list(map(alone.__getitem__, self.waves.rank.tolist()))
+        return self._ranks
+
+    @property
+    def producers(self) -> list[list[int]]:
+        if self._producers is None:
+            n = len(self)
+            self._producers = [[p for p in row if p < n]
+                               for row in self.waves.producers.tolist()]
+        return self._producers
 
     def __len__(self) -> int:
-        return len(self.steps)
+        return len(self.waves.row) if self._steps is None else len(self._steps)
 
     def __iter__(self) -> Iterator[OrderEntry]:
         """(ranks, step, the steps it consumes) in order."""
@@ -77,15 +109,53 @@ class Order:
             yield ranks, step, [steps[k] for k in before]
 
 
+class Waves:
+    """A plain schedule's execution order in arrays, by position in the order: the order runs
+    in waves, wave w the positions `bounds[w]:bounds[w + 1]`, at most one step of each rank,
+    every input made in an earlier wave. Step k is `flat[row[k]]` (the schedule's actions, rank
+    after rank); `rank`, `kind` (an index in `names`) and `stage` of each step; `producers[k]`:
+    the positions of its inputs, in its kind's input order, padded with len(order)."""
+    __slots__ = ("flat", "row", "rank", "kind", "stage", "names", "producers", "bounds")
+
+    def __init__(self, flat, row, rank, kind, stage, names, producers, bounds):
+        self.flat, self.row, self.rank, self.kind, self.stage = flat, row, rank, kind, stage
+        self.names, self.producers, self.bounds = names, producers, bounds
+
+
+def _bulk_order(schedule, plain: Plain) -> Order | None:
+    """The execution order of a plain schedule found in waves (bulk.py); None when the
+    arrays cannot give one (a kind without `bulk_inputs`, a missing producer, a deadlock)."""
+    made = producer_rows(schedule, plain)
+    found = None if made is None else waves(plain, made)
+    if found is None:
+        return None
+    row, bounds = found                       # row: position in the order -> row of `plain`
+    n = len(row)
+    position = np.empty(n + 1, np.int64)
+    position[row] = np.arange(n)
+    position[n] = n                           # "no input" stays n (past the last position)
+    producers = position[np.where(made < 0, n, made)[row]]
+    schedule._index = None          # the index of producers is rebuilt when next read
+    return Order(None, None, None, Waves(plain.flat, row, plain.rank[row], plain.kind[row],
+                                         plain.stage[row], plain.names, producers, bounds))
+
+
 @without_gc
-def execution_order(schedule) -> Order:
+def execution_order(schedule, plain: Plain | None = None) -> Order:
     """The steps in an order a blocking run could take; raises ScheduleError on deadlock.
 
-    One topological pass over the dataflow graph, event-driven: a rank that cannot move parks
-    on the first missing input (or on a collective not every member has reached) and is woken
-    when that changes, so every step is looked at once or twice, and the pass is linear.
+    A plain schedule (bulk.py; `plain`, its arrays, if already built) is ordered in waves with
+    numpy. Otherwise (or if that finds no order): one topological pass over the dataflow graph,
+    event-driven: a rank that cannot move parks on the first missing input (or on a collective
+    not every member has reached) and is woken when that changes, so every step is looked at
+    once or twice, and the pass is linear.
     """
     s = schedule
+    plain = plain_arrays(s) if plain is None else plain
+    if plain is not None:
+        order = _bulk_order(s, plain)
+        if order is not None:
+            return order
     s.reindex()
     inputs_fn = {kind: spec.inputs for kind, spec in KIND_SPECS.items()}
     collective = collective_kinds()
@@ -188,6 +258,9 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
     all-reduce): the rank computes on, and what the step produces is ready only after it — for
     a consumer on another rank, or on the same rank when `data_edge(consumer, producer)` says
     the edge carries data (not when it only orders two steps, as W after its I)."""
+    if order.waves is not None and tail is None:
+        begin, finish = times_in_waves(order, duration, comm, lanes)
+        return begin.tolist(), finish.tolist()
     steps, ran_on = order.steps, order.ranks
     late: dict | None = {} if tail is not None else None     # position -> output ready
     took = map(duration, steps) if callable(duration) else duration
@@ -227,6 +300,49 @@ def step_times(order: Order, duration: Callable | Sequence[float], comm: float =
         for rank in ranks:
             free[(rank, aside) if aside else rank] = finish[k]
     return begin, finish
+
+
+def times_in_waves(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,
+                   lanes: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """`step_times` (without tails) of an order found in waves, a wave at a time: the same
+    sums and maxima, so the same times. Returns (start, end) arrays by position."""
+    bulk = order.waves
+    n = len(order)
+    took = np.fromiter(map(duration, order.steps), float, n) if callable(duration) \
+        else np.asarray(duration, float)
+    beside = side_lanes() if lanes else {}
+    lane_of = np.array([LANES.index(beside.get(k, "compute")) for k in bulk.names], np.int64)
+    lane = bulk.rank * len(LANES) + lane_of[bulk.kind]      # each rank's lanes, side by side
+    # A step waits for the step before it on its lane (its lane is free when that ends): an
+    # input like the others. The order keeps each rank's program order, so a stable sort by
+    # lane lists each lane's steps in it. Position n + 1 (the first on a lane): free at 0.
+    by_lane = np.argsort(lane.astype(np.int32 if lane.max() >= 2 ** 15 else np.int16),
+                         kind="stable")          # (a radix sort, for 16-bit numbers)
+    follows = lane[by_lane[1:]] == lane[by_lane[:-1]]
+    before = np.full(n, n + 1)
+    before[by_lane[1:][follows]] = by_lane[:-1][follows]
+    producers = bulk.producers
+    if took.min() >= 0:    # an input made before on the same lane ends before the lane is free
+        made_by = np.minimum(producers, n - 1)
+        same = (lane[made_by] == lane[:, None]) & (producers < n)
+        producers = ascending(np.where(same, n, producers))      # "no input" (n) last
+    crosses = (bulk.rank[np.minimum(producers, n - 1)] != bulk.rank[:, None]) & (producers < n)
+    keep = (producers < n).any(axis=0)
+    inputs = [np.ascontiguousarray(column) for column in producers[:, keep].T]
+    delays = [np.ascontiguousarray(np.where(c, comm, 0.0)) for c in crosses[:, keep].T] \
+        if comm else [None] * len(inputs)
+    finish = np.full(n + 2, -np.inf)          # n: "no input", never later than anything
+    finish[n + 1] = 0.0
+    begin = np.empty(n)
+    bounds = bulk.bounds.tolist()
+    for a, b in zip(bounds, bounds[1:]):
+        start = finish[before[a:b]]
+        for made, delay in zip(inputs, delays):
+            arrival = finish[made[a:b]]
+            np.maximum(start, arrival if delay is None else arrival + delay[a:b], out=start)
+        begin[a:b] = start
+        np.add(start, took[a:b], out=finish[a:b])
+    return begin, finish[:n]
 
 
 def timed_run(order: Order, duration: Callable | Sequence[float], comm: float = 0.0,

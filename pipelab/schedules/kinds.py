@@ -19,6 +19,8 @@ import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
+import numpy as np
+
 from ..model import memory_rules
 from ..model.memory_rules import BYTE_RULES, FREES, FREES_BUT_STASH, FREES_STASH, KEEPS, RESTORES
 from .actions import KIND_SPECS, Action
@@ -91,6 +93,9 @@ class KindSpec:
     colour: str | None = None          # its colour in charts (None: the charts' colour for others)
     label: str = ""                    # a short name for legends and sliders ("forward")
     owner: str = "__main__"            # the module that registered it: only it may replace it
+    bulk_inputs: Callable | None = None  # `inputs` over arrays (bulk.py): (schedule, table,
+    #                                    stages, microbatches) -> one array of producer keys
+    #                                    per edge, in `inputs`' order; -1 where it has none
 
     @property
     def collective(self) -> bool:
@@ -113,7 +118,8 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
                   members: Callable | None = None, module: str | None = None,
                   lane: str = "compute", tp_reduce: bool = False, role: str = OTHER,
                   completes: str | None | object = _UNSET, bytes: str | None | object = _UNSET,
-                  colour: str | None = None, label: str = "", replace: bool = False) -> KindSpec:
+                  colour: str | None = None, label: str = "", replace: bool = False,
+                  bulk_inputs: Callable | None = None) -> KindSpec:
     """Add an action kind. `inputs(schedule, action)` lists its `Input` edges (default: none);
     `members(schedule, action)` makes it a collective of those ranks; `lane="comm"` runs it
     beside the rank's compute (the simulator gives each rank a communication lane, so a
@@ -125,7 +131,9 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
     training it stands for in the validator's completeness check (default: its role, if a
     training role); `bytes` its byte rule (memory_rules; default: its role's); `memory` its
     constant change of live activations in forwards' units (default: its byte rule's);
-    `colour` and `label` how charts show it.
+    `colour` and `label` how charts show it. `bulk_inputs`, optional, is `inputs` over arrays
+    for schedules of 10^5 actions (bulk.py; see the built-in kinds' below); without it, the
+    schedules that use the kind are ordered step by step.
 
     A kind another module registered is replaced only with `replace=True`; the module that
     registered it (a notebook cell run again, a module reloaded) may register it again."""
@@ -154,7 +162,7 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
                     float(memory_rules.default_memory(rule) if memory is None else memory),
                     cost, per_microbatch, members, module, lane, tp_reduce, role, completes,
-                    rule, colour, label, owner)
+                    rule, colour, label, owner, bulk_inputs)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
     VERSION[0] += 1
@@ -206,19 +214,41 @@ def _weight_inputs(schedule, a: Action) -> list[Input]:
     return [_new(Input, ("saved", _new(Action, (a[0], "I", a[2])), False))]
 
 
+# The same three rules over arrays of stages and microbatches (bulk.py's `Table` reads the
+# keys, the index and the routes): one array of producer keys per edge, -1 where none.
+def _forward_bulk(schedule, table, stage, mb) -> list:
+    before = table.before(stage)
+    fed = table.made(EMBEDDED, stage, mb)                     # a route's first stage, if fed
+    return [np.where(before < 0, fed, table.made(ACTIVATION, before, mb, "F"))]
+
+
+def _backward_bulk(schedule, table, stage, mb) -> list:
+    after = table.after(stage)
+    fed = table.made(OUTPUT_GRADIENT, stage, mb)              # a route's last stage, if fed
+    return [table.made(SAVED, stage, mb, "F"),
+            np.where(after < 0, fed, table.made(INPUT_GRADIENT, after, mb, "B"))]
+
+
+def _weight_bulk(schedule, table, stage, mb) -> list:
+    return [table.of("I", stage, mb)]
+
+
 register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, role=FORWARD,
-              module="pipelab", tp_reduce=True, colour="#4C72B0", label="forward")
+              module="pipelab", tp_reduce=True, colour="#4C72B0", label="forward",
+              bulk_inputs=_forward_bulk)
 register_kind("B", "full backward (I + W)", inputs=_backward_inputs, output=INPUT_GRADIENT,
               role=BACKWARD, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
-              module="pipelab", tp_reduce=True, colour="#DD8452", label="backward")
+              module="pipelab", tp_reduce=True, colour="#DD8452", label="backward",
+              bulk_inputs=_backward_bulk)
 # How much of a forward's activations I frees (and W the rest) is a property of the model: the
 # simulator takes it as `i_frees` (the byte rules FREES_BUT_STASH and FREES_STASH); the
 # runtime measures it.
 register_kind("I", "input-gradient backward", inputs=_backward_inputs, output=INPUT_GRADIENT,
               role=INPUT_GRAD, module="pipelab", tp_reduce=True, colour="#C44E52",
-              label="input gradient")
+              label="input gradient", bulk_inputs=_backward_bulk)
 register_kind("W", "weight-gradient backward", inputs=_weight_inputs, role=WEIGHT_GRAD,
-              module="pipelab", colour="#55A868", label="weight gradient")
+              module="pipelab", colour="#55A868", label="weight gradient",
+              bulk_inputs=_weight_bulk)
 
 # --- activation offload (STP's memory variant): copies beside the compute ---------------------
 # OFFLOAD moves a forward's saved activations off the metered device memory once the forward

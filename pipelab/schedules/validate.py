@@ -6,13 +6,12 @@ with `register_kind` is validated like the built-in ones. The dry run itself liv
 from __future__ import annotations
 
 from collections import defaultdict
-from itertools import chain
-from operator import itemgetter
 
 import numpy as np
 
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES
 from .actions import NO_MICROBATCH, Action
+from .bulk import Plain, plain_arrays
 from .errors import GRID_MAX_RANKS, ScheduleError  # noqa: F401  (pl.ScheduleError, re-exported)
 from .gcpause import without_gc
 from .graph import edges, execution_order, members_of, timed_run  # noqa: F401 - re-exported
@@ -25,15 +24,16 @@ from .routes import replicas, route_of_stage, route_problem
 def validate(schedule) -> list:
     """Raise ScheduleError if the schedule is unsound; else return a feasible execution order."""
     _check_shape(schedule)
+    plain = plain_arrays(schedule)       # a plain schedule's arrays (bulk.py), or None
     # Routes and replicas always get the explaining checks (the bulk test knows one route).
     if schedule.routes is not None or schedule.slices is not None \
-            or not _plainly_sound(schedule):       # something to explain: the checks that say what
+            or not _plainly_sound(schedule, plain):   # something to explain: the checks that say what
         where = _check_actions(schedule)
         _check_complete(schedule)
         _check_compounds(schedule)
         _check_replica_sums(schedule, where)
     try:
-        return execution_order(schedule)
+        return execution_order(schedule, plain)
     except ScheduleError:
         # A rank that needs its own later action deadlocks; say that plainly instead.
         _check_local_order(schedule, _check_actions(schedule), edges(schedule))
@@ -46,32 +46,17 @@ _BIT = {FORWARD: 1, BACKWARD: 2, INPUT_GRAD: 4, WEIGHT_GRAD: 8}
 _SOUND_BITS = (1 + 2, 1 + 4 + 8)
 
 
-def _plainly_sound(s) -> bool:
+def _plainly_sound(s, plain: Plain | None) -> bool:
     """The checks of `_check_actions` and `_check_complete` at once, in bulk with numpy, for
-    the common schedule: plain actions only (no compounds, no collectives, no step-wide kinds).
-    False means "look closer": the explaining checks then find the first offender."""
-    flat = list(chain.from_iterable(s.actions))
-    if not flat or set(map(type, flat)) != {Action}:
+    a plain schedule (`plain`, its arrays: bulk.py): single actions in range on their owners'
+    ranks, each once, of per-microbatch kinds without collectives. Then each (stage,
+    microbatch) must be complete. False means "look closer": the explaining checks then find
+    the first offender."""
+    if plain is None:
         return False
-    plain = [k for k, spec in KIND_SPECS.items() if spec.per_microbatch and not spec.collective]
-    code = {k: i for i, k in enumerate(plain)}
-    kind = list(map(code.get, map(itemgetter(1), flat)))
-    if None in kind:
-        return False
-    n = len(flat)
-    stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
-    mb = np.fromiter(map(itemgetter(2), flat), np.int64, n)
-    kind = np.array(kind)
-    m, stages = s.microbatches, s.stages
-    rank = np.repeat(np.arange(s.ranks), [len(acts) for acts in s.actions])
-    if stage.min() < 0 or stage.max() >= stages or mb.min() < 0 or mb.max() >= m \
-            or (np.asarray(s.placement)[stage] != rank).any():
-        return False                   # out of range, or on a rank that does not own the stage
-    key = np.sort((stage * len(plain) + kind) * m + mb)
-    if (key[1:] == key[:-1]).any():
-        return False                   # an action twice
-    bit = np.array([_BIT.get(KIND_SPECS[k].completes, 0) for k in plain])[kind]
-    has = np.bincount(stage * m + mb, weights=bit, minlength=stages * m)
+    bits = np.array([_BIT.get(KIND_SPECS[k].completes, 0) for k in plain.names])[plain.kind]
+    has = np.bincount(plain.stage * s.microbatches + plain.mb, weights=bits,
+                      minlength=s.stages * s.microbatches)
     return bool(np.isin(has, _SOUND_BITS).all())
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from .costs import Costs     # the cost model (costs.py); imported from here too
 from ..schedules.actions import Action
 from ..schedules.gcpause import without_gc
-from ..schedules.graph import step_times
+from ..schedules.graph import step_times, times_in_waves
 from ..schedules.kinds import KIND_SPECS, unit_effects
 from .timeline import Event, Timeline
 from .tensor_overlap import TP_REDUCE, data_edge, step_time
@@ -45,7 +45,12 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     names = list(KIND_SPECS)                # kinds by number, for the bulk (numpy) steps
     plain = _plain_steps(order, names)
     comm = costs.message_time()
-    if costs.tensor_parallel:             # all-reduces in the steps: exposed, hidden or a tail
+    waves = order.waves is not None and not costs.tensor_parallel and plain is not None
+    if waves:                                # ordered in bulk (graph.py): timed in bulk
+        spans = None
+        starts, ends = times_in_waves(order, _durations(costs, order, plain, names,
+                                                        schedule.microbatches), comm)
+    elif costs.tensor_parallel:           # all-reduces in the steps: exposed, hidden or a tail
         took, tails, spans = _tp_timing(costs, order, schedule.microbatches)
         starts, ends = step_times(order, took, comm,
                                   tail=tails if costs.tp_sends_wait else None,
@@ -53,8 +58,16 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
     else:
         spans = None
         starts, ends = step_times(order, _durations(costs, order, plain, names,
-                                                    schedule.microbatches), comm)
-    if plain is not None:                    # one event per step, built in bulk
+                                                    schedule.microbatches).tolist(), comm)
+    if waves:                                # events made in the timeline's order, in bulk
+        rank, kind, _stage = plain
+        by_time = np.lexsort((rank, starts))          # the order Timeline sorts its events in
+        events = list(map(_new, repeat(Event), zip(
+            rank[by_time].tolist(), map(order.waves.flat.__getitem__,
+                                        order.waves.row[by_time].tolist()),
+            starts[by_time].tolist(), ends[by_time].tolist(), repeat(None))))
+        rows = rank, kind, starts, ends
+    elif plain is not None:                  # one event per step, built in bulk
         rank, kind, _stage = plain
         events = list(map(_new, repeat(Event), zip(rank.tolist(), order.steps, starts, ends,
                                                    repeat(None))))
@@ -85,13 +98,16 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
                              if costs.per == "batch" else "")
     return Timeline(events, schedule.ranks, source=source, memory=memory,
                     memory_unit="microbatch-stages", title=title, time_unit=costs.unit,
-                    schedule=schedule, comm=comm)
+                    schedule=schedule, comm=comm, presorted=waves)
 
 
 def _plain_steps(order, names: list[str]) -> tuple[np.ndarray, ...] | None:
     """(rank, kind, stage) of every step of the order as arrays (a kind as its index in
     `names`), when each step is one action on one rank; None when there are compounds or
     collectives, which are then read step by step."""
+    bulk = order.waves
+    if bulk is not None and list(bulk.names) == names:     # kept by the bulk order already
+        return bulk.rank, bulk.kind, bulk.stage
     code = {kind: i for i, kind in enumerate(names)}
     n = len(order)
     kind = np.fromiter(map(code.get, map(itemgetter(1), order.steps), repeat(-1)), np.int64, n)
@@ -102,17 +118,17 @@ def _plain_steps(order, names: list[str]) -> tuple[np.ndarray, ...] | None:
     return rank, kind, stage
 
 
-def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) -> list[float]:
+def _durations(costs: Costs, order, plain, names: list[str], microbatches: int) -> np.ndarray:
     """The time of each step of an execution order, by position: one cost per (kind, stage),
     looked up in bulk for plain steps, step by step for compounds or measured times."""
     if costs.per_action or plain is None:
-        return list(map(_cached_durations(costs, microbatches), order.steps))
+        return np.array(list(map(_cached_durations(costs, microbatches), order.steps)), float)
     _rank, kind, stage = plain
     table = np.zeros((len(names), stage.max() + 1))
-    for k in np.unique(kind).tolist():
+    for k in np.flatnonzero(np.bincount(kind)).tolist():
         table[k] = [costs.duration(_new(Action, (s, names[k], 0)), microbatches)
                     for s in range(table.shape[1])]
-    return table[kind, stage].tolist()
+    return table[kind, stage]
 
 
 def _tp_timing(costs: Costs, order, microbatches: int) -> tuple[list, list, list]:

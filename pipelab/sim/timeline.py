@@ -93,10 +93,12 @@ class Timeline:
     def __init__(self, events: list[Event], ranks: int, source: str = "simulated",
                  memory: dict[int, list[tuple[float, float]]] | None = None,
                  memory_unit: str = "units", title: str = "", time_unit: str = "s",
-                 schedule=None, comm: float | None = None):
+                 schedule=None, comm: float | None = None, presorted: bool = False):
         if source not in SOURCES:
             raise ValueError(f"source must be one of {SOURCES}, got {source!r}")
-        self.events = _by_start_then_rank(events)
+        # `presorted`: the events are in (start, rank) order already (the simulator sorts its
+        # arrays), so the sort is skipped.
+        self.events = events if presorted else _by_start_then_rank(events)
         self.ranks = ranks
         self.source = source
         self.memory = memory or {r: [] for r in range(ranks)}
