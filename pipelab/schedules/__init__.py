@@ -8,6 +8,7 @@
     reductions.py  gradient sums as actions (G)         updates.py   updates and weight versions
     steps.py       several training steps in a row      registry.py  pl.schedule: by name
     gcpause.py     the cyclic GC paused around bulk work
+    bulk.py        a plain schedule as arrays: its checks, edges and execution order in numpy
 
     generators, one file per family: gpipe.py, one_f_one_b.py, interleaved.py, zero_bubble.py,
     zb_auto.py, v_shape.py (V-Half, V-Min), dualpipe.py and chimera.py (on two_way.py), stp.py,
