@@ -29,8 +29,10 @@ def imbalance(values) -> float:
 
 
 def step_timer(cluster, schedule, model: CustomModel, **run) -> Callable[[], float]:
-    """A callable for pl.noise.paired_rounds: one unchecked run, its measured step (s)."""
+    """A callable for pl.noise.paired_rounds: one unchecked run, its replayed step (s): each
+    action's measured CPU time laid on the schedule, what dedicated cores would show (the
+    wall-clock step on 2 cores shared by many mostly measures who else is running)."""
     def once() -> float:
         return cluster.run(schedule, model=model, check=False, progress=False,
-                           **run).timeline.makespan
+                           **run).replay.makespan
     return once
