@@ -258,8 +258,8 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
                              f"(18 bytes a parameter, sim/shape.py); only 'adamw', got "
                              f"{optimizer!r}")
         return ShapedModel
-    raise ValueError(f"model must be a pl.ModelConfig, a pl.CustomModel or a pl.ModelShape, "
-                     f"got {type(model).__name__}")
+    raise ValueError(f"model must be a pl.ModelConfig or a pl.ModelShape (or a "
+                     f"pl.CustomModel), got {type(model).__name__}")
 
 
 def _check(source, devices, memory_per_device, schedules, recompute, chunks, microbatches):
