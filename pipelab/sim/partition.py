@@ -68,8 +68,8 @@ class Partition:
 
     @property
     def layout(self) -> str:
-        """Canonical layout string, e.g. "E+t|t*2|t|t+L"; `partition(cfg, method=layout)` rebuilds it.
-        A custom model's names each stage's layers, first-last: "0-2|3-7"."""
+        """Canonical layout string, e.g. "E+t|t*2|t|t+L"; `partition(cfg, method=layout)`
+        rebuilds it. A custom model's names each stage's layers, first-last: "0-2|3-7"."""
         if not isinstance(self.cfg, ModelConfig):
             return "|".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.bounds)
         return "|".join(_stage_layout(self.cfg, a, b) for a, b in self.bounds)

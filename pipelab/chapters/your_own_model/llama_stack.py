@@ -5,9 +5,9 @@
                            batch="pipelab.chapters.your_own_model.llama_stack:batch")
 
 Nothing of it is pipelab's GPT: a token embedding (no position table), BLOCKS pre-norm blocks of
-RMSNorm → causal self-attention with rotary positions (RoPE: each head's query and key pairs
-rotated by an angle growing with the position) → residual, RMSNorm → SwiGLU MLP (silu(x·W₁) ⊙
-x·W₃, then W₂) → residual, and an RMSNorm + Linear head onto the corpus's characters
+RMSNorm → causal self-attention with rotary positions (RoPE: each head's query and key
+pairs rotated by an angle growing with the position) → residual, RMSNorm → SwiGLU MLP
+(silu(x·W₁) ⊙ x·W₃, then W₂) → residual, and an RMSNorm + Linear head onto the corpus's characters
 (pipelab/model/data.py reads data/corpus.txt; nothing is downloaded). `heavy_layers` is the same
 stack whose first block's MLP is HEAVY_WIDTH wide: a heavy first stage, for the lesson on
 partitioning by measured cost. Weights come from a generator seeded by `seed` (the same on
