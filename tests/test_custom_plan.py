@@ -7,6 +7,7 @@ recomputation exact on a custom model and dropping what its layers save.
 from __future__ import annotations
 
 import pytest
+import torch
 
 import pipelab as pl
 from pipelab.model.custom_profile import profile_layers
@@ -119,3 +120,25 @@ def test_recompute_live_exact_and_drops(clusters):
     assert res.loss == pytest.approx(res.reference_loss, rel=1e-6)
     assert sum(e.action.kind == "R" for e in res.timeline.events) == 2 * 4
     assert res.peak_activations[0] < plain.peak_activations[0]
+
+
+def test_llama_example_is_causal_and_rotary():
+    """The shipped example (pipelab/chapters/your_own_model/llama_stack.py): RoPE keeps each
+    head's norm (a rotation), a later token cannot change an earlier output (causal), and two
+    builds with one seed are the same model."""
+    from pipelab.chapters.your_own_model import llama_stack as ls
+
+    q = torch.randn(2, ls.HEADS, ls.SEQ, ls.WIDTH // ls.HEADS)
+    attn = ls.Attention()
+    turned = ls.rotate(q, attn.cos, attn.sin)
+    assert torch.allclose(turned.norm(dim=-1), q.norm(dim=-1), atol=1e-5)
+    assert not torch.allclose(turned[:, :, 1:], q[:, :, 1:])      # positions > 0 do turn
+    block = ls.heavy_layers(0)[1]
+    x = torch.randn(1, ls.SEQ, ls.WIDTH)
+    y = x.clone()
+    y[:, -1] += 1.0
+    with torch.no_grad():
+        assert torch.equal(block(x)[:, :-1], block(y)[:, :-1])
+    a, b = ls.layers(3), ls.layers(3)
+    assert all(torch.equal(p, r) for la, lb in zip(a, b)
+               for p, r in zip(la.parameters(), lb.parameters()))
