@@ -142,7 +142,8 @@ def test_model_internal_techniques_refused():
     _refused("tensor parallelism splits the GPT block", tensor_parallel=2)
     _refused("expert parallelism divides pipelab's own", expert_parallel=2)
     _refused("vocabulary shards", schedule=pl.schedule("vocab-1", ranks=2, microbatches=2))
-    _refused("recomputation policies drop what the GPT's blocks save", recompute="full")
+    _refused("'selective' with a custom model: it drops what the GPT's attention core",
+             recompute="selective")
     _refused("updates the weights inside the schedule",
              schedule=pl.schedule("pipedream", ranks=2, microbatches=2))
 

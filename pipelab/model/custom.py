@@ -81,6 +81,7 @@ class CustomModel(ModelSource):
         if "bytes" not in self._cache:
             self._cache["bytes"] = [sum(p.numel() * p.element_size() for p in layer.parameters())
                                     for layer in built]
+            self._cache["counts"] = [sum(p.numel() for p in layer.parameters()) for layer in built]
         return list(built)
 
     @property
@@ -92,6 +93,12 @@ class CustomModel(ModelSource):
         if "bytes" not in self._cache:
             self.layers()
         return list(self._cache["bytes"])
+
+    def layer_parameter_counts(self) -> list[int]:
+        """How many parameters each layer has (measured on a build)."""
+        if "counts" not in self._cache:
+            self.layers()
+        return list(self._cache["counts"])
 
     def parameter_bytes(self, start: int, stop: int) -> int:
         return sum(self.layer_parameter_bytes()[start:stop])

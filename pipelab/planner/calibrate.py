@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import torch
 
 from ..checks import positive_int
+from ..model.custom import CustomModel
 from ..model.gpt import ModelConfig, build_layer, loss_fn
 from ..schedules.kinds import BACKWARD, FORWARD, KIND_SPECS, RECOMPUTE, kinds_with_role
 from ..support.threads import one_thread
 from ..model.memory import parameter_bytes
 from ..sim.partition import uniform_bounds
 from ..schedules import schedule
+from .calibrate_custom import CustomCalibration, calibrate_custom
 
 DEFAULT_LATENCY = 2e-4       # s per message: loopback gloo between two processes, measured here
 DEFAULT_BANDWIDTH = 1e9      # bytes/s of a loopback all-reduce link
@@ -86,16 +88,28 @@ def flop_shares(cfg: ModelConfig) -> tuple[tuple[float, ...], tuple[float, ...]]
     return tuple(w), tuple(core)
 
 
-def calibrate(cfg: ModelConfig, *, rows: tuple[int, int] = (1, 4), repeats: int = 5,
-              warmup: int = 3, latency: float | None = None, bandwidth: float | None = None,
-              cluster=None, rounds: int = 3) -> Calibration:
+def calibrate(cfg: ModelConfig | CustomModel, *, rows: tuple[int, int] = (1, 4),
+              repeats: int = 5, warmup: int = 3, latency: float | None = None,
+              bandwidth: float | None = None, cluster=None,
+              rounds: int = 3) -> Calibration | CustomCalibration:
     """Time every layer's forward and backward at two microbatch sizes (`rows` sequences) and
     fit seconds = fixed + per_row × rows. With a `cluster` (a pl.LocalCluster of 2+ ranks),
     short live runs also measure the message latency, the runtime's overhead per action and the
     all-reduce bandwidth (the best of `rounds`); otherwise `latency` and `bandwidth` (defaults
-    DEFAULT_LATENCY, DEFAULT_BANDWIDTH) and no overhead."""
+    DEFAULT_LATENCY, DEFAULT_BANDWIDTH) and no overhead.
+
+    A `pl.CustomModel` is profiled layer by layer instead (calibrate_custom.py): its F, I and W
+    and its bytes measured, one row per layer."""
+    if isinstance(cfg, CustomModel):
+        if cluster is not None:
+            raise ValueError("calibrate(cluster=...) measures the runtime on the toy GPT; a "
+                             "pl.CustomModel is calibrated from its layers alone: leave "
+                             "cluster out (and give latency=, bandwidth= if you know them)")
+        return calibrate_custom(cfg, rows=rows, repeats=repeats, warmup=warmup,
+                                latency=latency, bandwidth=bandwidth)
     if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"cfg must be a pl.ModelConfig, got {type(cfg).__name__}")
+        raise ValueError(f"cfg must be a pl.ModelConfig or a pl.CustomModel, got "
+                         f"{type(cfg).__name__}")
     small, large = rows
     positive_int("rows[0]", small)
     if large <= small:

@@ -18,6 +18,8 @@ the two kinds of model (the search, the prediction and the ranking are this modu
 - a `pl.ModelConfig` (calibrated.py): costs from a CPU calibration (costs.py), bytes from the
   toy model's byte model (memory.action_bytes, static_bytes); a policy's recomputations are `R`
   actions placed by `with_recompute`, as the runtime places them;
+- a `pl.CustomModel` (custom_source.py): costs and bytes of each of its layers, measured by
+  `calibrate` (calibrate_custom.py); pipeline and data parallelism only;
 - a `pl.ModelShape` on a `pl.Device` (shaped.py): costs and bytes from closed forms
   (sim/shape.py: FLOPs at the device's speed, Korthikanti's activation bytes per policy, 18
   bytes a parameter for mixed-precision Adam); tp within a node (`gpus_per_node`).
@@ -42,6 +44,9 @@ from operator import itemgetter
 import numpy as np
 
 from .calibrate import Calibration, calibrate
+from .calibrate_custom import CustomCalibration
+from .custom_source import CustomPlanned
+from ..model.custom import CustomModel
 from ..checks import at_most, names, positive_int, positive_ints
 from ..model.gpt import ModelConfig
 from ..techniques import with_data_parallel
@@ -142,14 +147,15 @@ class Plan(list):
 
 
 @without_gc       # ~10^6 short-lived tuples per sweep, no cycles: collecting them is waste
-def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float, *,
-         batch_size: int | None = None, calibration: Calibration | None = None,
+def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per_device: float,
+         *, batch_size: int | None = None,
+         calibration: Calibration | CustomCalibration | None = None,
          device: Device | None = None, gpus_per_node: int = GPUS_PER_NODE,
          schedules=None, recompute=None, chunks=(2,), microbatches=None,
          optimizer: str = "adamw") -> Plan:
     """Every candidate for training `model` on `devices` with `memory_per_device` bytes each,
-    predicted and ranked by step time. `model`: a `pl.ModelConfig` (costs from `calibration`,
-    measured here if not given) or a `pl.ModelShape` (costs from `device`, an A100-80GB unless
+    predicted and ranked by step time. `model`: a `pl.ModelConfig` or a `pl.CustomModel`
+    (costs from `calibration`, measured here if not given) or a `pl.ModelShape` (costs from `device`, an A100-80GB unless
     given; tensor parallelism within `gpus_per_node`). `batch_size` sequences per step
     (default 8 per device); `microbatches`: the counts to try (default every divisor of a
     replica's batch); `chunks`: stages per rank for the schedules that interleave; `schedules`
@@ -166,6 +172,12 @@ def plan(model: ModelConfig | ModelShape, devices: int, memory_per_device: float
             raise ValueError("calibration was measured for another model config: "
                              "calibrate(cfg) again")
         source = CalibratedModel(cal, optimizer)
+    elif kind is CustomPlanned:
+        cal = calibration if calibration is not None else calibrate(model)
+        if not isinstance(cal, CustomCalibration) or repr(cal.model) != repr(model):
+            raise ValueError("calibration was measured for another model: calibrate(model) "
+                             "again with this pl.CustomModel")
+        source = CustomPlanned(cal, optimizer)
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
                              gpus_per_node)
@@ -222,6 +234,15 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
         at_most("the model's layers (n_layers + 2)", model.total_layers, MAX_PLAN_LAYERS,
                 "the planner splits every candidate exactly, in O(stages × layers²)")
         return CalibratedModel
+    if isinstance(model, CustomModel):
+        if device is not None:
+            raise ValueError("device is for a pl.ModelShape's plan; a pl.CustomModel's costs "
+                             "come from its calibration (pl.calibrate(model))")
+        at_most("the model's layers", model.total_layers, MAX_PLAN_LAYERS,
+                "the planner splits every candidate exactly, in O(stages × layers²)")
+        if optimizer not in ("adamw", "sgd"):
+            raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
+        return CustomPlanned
     if isinstance(model, ModelShape):
         if calibration is not None:
             raise ValueError("calibration is for a pl.ModelConfig's plan; a pl.ModelShape's "
@@ -237,8 +258,8 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
                              f"(18 bytes a parameter, sim/shape.py); only 'adamw', got "
                              f"{optimizer!r}")
         return ShapedModel
-    raise ValueError(f"model must be a pl.ModelConfig or a pl.ModelShape, "
-                     f"got {type(model).__name__}")
+    raise ValueError(f"model must be a pl.ModelConfig or a pl.ModelShape (or a "
+                     f"pl.CustomModel), got {type(model).__name__}")
 
 
 def _check(source, devices, memory_per_device, schedules, recompute, chunks, microbatches):
@@ -263,6 +284,15 @@ def _check(source, devices, memory_per_device, schedules, recompute, chunks, mic
         if refused:
             raise ValueError(f"schedules: {refused[0]} cannot be planned for a pl.ModelConfig: "
                              f"{UNPLANNABLE[refused[0]]}")
+    if source is CustomPlanned:
+        refused = [s for s in schedules if s not in source.schedules]
+        if refused:
+            raise ValueError(f"schedules: {refused[0]} cannot be planned for a pl.CustomModel: "
+                             f"its planner source costs the schedules of forwards and backwards "
+                             f"{', '.join(source.schedules)}")
+        if "selective" in recompute:
+            raise ValueError("recompute: 'selective' drops the GPT's attention core, which a "
+                             "pl.CustomModel does not have; plan 'none' or 'full'")
     bad = [r for r in recompute if r not in source.policy_names]
     if bad:
         raise ValueError(f"recompute: policies must be among {source.policy_names}, got {bad}")

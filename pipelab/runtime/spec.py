@@ -228,7 +228,7 @@ def _split_layers(model: ModelSource, stages: int, partition) -> tuple[list[tupl
 
 
 def _check_custom(model: ModelSource, schedule: Schedule, tensor_parallel: int,
-                  expert_parallel: int, recompute) -> None:
+                  expert_parallel: int) -> None:
     """Refuse what needs the toy GPT's inside, for a model pipelab did not build: before any
     technique prepares, so the reason is the model, not a symptom."""
     inside = "pipelab knows the toy GPT's layers, not this model's"
@@ -240,10 +240,6 @@ def _check_custom(model: ModelSource, schedule: Schedule, tensor_parallel: int,
         raise ValueError(f"expert_parallel={expert_parallel} with a custom model: expert "
                          f"parallelism divides pipelab's own mixture-of-experts layers, and "
                          f"{inside}; use expert_parallel=1")
-    if recompute not in (None, "none"):
-        raise ValueError(f"recompute={recompute!r} with a custom model: the recomputation "
-                         f"policies drop what the GPT's blocks save (techniques/recompute.py), "
-                         f"and {inside}; use recompute='none'")
     own = sorted(kind for kind in schedule.kinds() if HANDLERS[kind].setup is not None)
     if own:
         raise ValueError(f"schedule {schedule.name!r} has kinds {', '.join(own)} that build "
@@ -324,7 +320,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
                          f"its own layers from it), got {type(model).__name__}")
     custom = not isinstance(cfg, ModelConfig)
     if custom:
-        _check_custom(cfg, schedule, tp, ep, recompute)
+        _check_custom(cfg, schedule, tp, ep)
     elif cfg.vocab_size < VOCAB_SIZE:
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")

@@ -5,6 +5,11 @@ contiguous split whose most loaded stage is as light as possible, by parameters 
 measured time, found exactly by dynamic programming), or a hand-written layout string such as
 `"E|t*3|t*3|L"`. A partition knows nothing about ranks: an interleaved schedule with `chunks`
 stages per rank simply asks for `stages = ranks * chunks`.
+
+A `pl.CustomModel` is split by the same search, on what can be known of a stack pipelab did not
+write: its parameters ("params") and its layers' measured F + I + W ("cost",
+model/custom_profile.py); it has no FLOP model and no E/t/L layout (its layout names the layer
+ranges, "0-2|3-7").
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from typing import Sequence
 import torch
 
 from ..checks import at_most, positive_int
+from ..model.custom import CustomModel
+from ..model.custom_profile import profile_layers
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
 from ..support.drawers import draw
 from ..support.threads import one_thread
@@ -34,19 +41,22 @@ MAX_SPLIT_WORK = 10**8      # steps of the exact split (~10-20 s of Python at th
 class Partition:
     """Contiguous [start, stop) layer ranges, one per stage, with their costs."""
 
-    def __init__(self, cfg: ModelConfig, bounds: Sequence[tuple[int, int]], method: str,
-                 batch_size: int = 1, layer_times: Sequence[float] | None = None):
+    def __init__(self, cfg: ModelConfig | CustomModel, bounds: Sequence[tuple[int, int]],
+                 method: str, batch_size: int = 1, layer_times: Sequence[float] | None = None):
         self.cfg = cfg
         self.bounds = [_layer_range(b) for b in bounds]
         self.method = method
         self.batch_size = batch_size
         _check_bounds(cfg, self.bounds)
-        costs = layer_costs(cfg, batch_size)
-        self.layer_params = [c["params"] for c in costs]
-        self.layer_flops = [c["flops"] for c in costs]
+        if isinstance(cfg, ModelConfig):
+            costs = layer_costs(cfg, batch_size)
+            self.layer_params = [c["params"] for c in costs]
+            self.layer_flops = [c["flops"] for c in costs]
+        else:                                  # a custom model: no FLOP model of its layers
+            self.layer_params, self.layer_flops = cfg.layer_parameter_counts(), None
         self.layer_times = list(layer_times) if layer_times is not None else None
         self.params = self._per_stage(self.layer_params)
-        self.flops = self._per_stage(self.layer_flops)
+        self.flops = self._per_stage(self.layer_flops) if self.layer_flops is not None else None
         self.times = self._per_stage(self.layer_times) if self.layer_times is not None else None
 
     @property
@@ -58,22 +68,37 @@ class Partition:
 
     @property
     def layout(self) -> str:
-        """Canonical layout string, e.g. "E+t|t*2|t|t+L"; `partition(cfg, method=layout)` rebuilds it."""
+        """Canonical layout string, e.g. "E+t|t*2|t|t+L"; `partition(cfg, method=layout)`
+        rebuilds it. A custom model's names each stage's layers, first-last: "0-2|3-7"."""
+        if not isinstance(self.cfg, ModelConfig):
+            return "|".join(f"{a}-{b - 1}" if b - a > 1 else f"{a}" for a, b in self.bounds)
         return "|".join(_stage_layout(self.cfg, a, b) for a, b in self.bounds)
 
-    def loads(self, by: str = "flops") -> list:
-        """Per-stage load by "params", "flops" or "times"."""
+    @property
+    def default_load(self) -> str:
+        """What a load is counted in unless told: FLOPs for the toy GPT; for a custom model
+        (no FLOP model) its measured times if any, else its parameters."""
+        if self.flops is not None:
+            return "flops"
+        return "times" if self.times is not None else "params"
+
+    def loads(self, by: str | None = None) -> list:
+        """Per-stage load by "params", "flops" or "times" (default: `default_load`)."""
+        by = self.default_load if by is None else by
         if by not in ("params", "flops", "times"):
             raise ValueError(f"load must be 'params', 'flops' or 'times', got {by!r}")
         values = getattr(self, by)
+        if values is None and by == "flops":
+            raise ValueError("this partition has no flops: a custom model has no FLOP model; "
+                             "use 'times' (layer_times=, or method 'cost') or 'params'")
         if values is None:
             raise ValueError(f"this partition has no {by}: pass layer_times= to pl.partition")
         return values
 
-    def max_load(self, by: str = "flops") -> float:
+    def max_load(self, by: str | None = None) -> float:
         return max(self.loads(by))
 
-    def costs(self, by: str = "flops", *, per_unit: float = 1e6, unit: str = "MFLOP",
+    def costs(self, by: str | None = None, *, per_unit: float = 1e6, unit: str = "MFLOP",
               backward_ratio: float = 2.0, comm: float = 0.0):
         """A `pl.Costs` with one forward per stage taken from its load (`by` / `per_unit`:
         MFLOP by default; for measured "times" give per_unit=1, unit="s"), and a full backward of `backward_ratio` × the forward, split evenly between
@@ -83,7 +108,7 @@ class Partition:
         half = [backward_ratio / 2 * f for f in forward]
         return Costs.per_stage(F=forward, I=half, W=list(half), comm=comm, unit=unit)
 
-    def imbalance(self, by: str = "flops") -> float:
+    def imbalance(self, by: str | None = None) -> float:
         """Most loaded stage over the mean stage: 1.0 is perfect balance.
 
         The pipeline runs at the pace of its slowest stage, so this is (roughly) how much longer
@@ -98,14 +123,17 @@ class Partition:
     def table(self) -> str:
         """One row per stage: its layers, parameters, FLOPs and (if measured) time."""
         head = f"{'stage':>5}  {'layers':<12} {'layout':<10} {'params':>10} {'MFLOP':>9}"
+        layouts = self.layout.split("|")
         head += f" {'time ms':>8}" if self.times else ""
         rows = [f"partition {self.method!r}: {self.layout}", head]
         for s, (a, b) in enumerate(self.bounds):
-            row = (f"{s:>5}  {f'[{a}, {b})':<12} {_stage_layout(self.cfg, a, b):<10} "
-                   f"{self.params[s]:>10,} {self.flops[s] / 1e6:>9.2f}")
+            flops = f"{self.flops[s] / 1e6:>9.2f}" if self.flops is not None else f"{'-':>9}"
+            row = (f"{s:>5}  {f'[{a}, {b})':<12} {layouts[s]:<10} "
+                   f"{self.params[s]:>10,} {flops}")
             row += f" {self.times[s] * 1e3:>8.3f}" if self.times else ""
             rows.append(row)
-        imb = f"imbalance (max/mean): params {self.imbalance('params'):.2f}, flops {self.imbalance('flops'):.2f}"
+        imb = f"imbalance (max/mean): params {self.imbalance('params'):.2f}"
+        imb += f", flops {self.imbalance('flops'):.2f}" if self.flops is not None else ""
         imb += f", time {self.imbalance('times'):.2f}" if self.times else ""
         return "\n".join(rows + [imb])
 
@@ -119,8 +147,8 @@ class Partition:
         return draw("balance", self, ax=ax, title=title)
 
 
-def partition(cfg: ModelConfig, stages: int | None = None, method: str = "uniform", *,
-              batch_size: int = 1, layer_times: Sequence[float] | None = None) -> Partition:
+def partition(cfg: ModelConfig | CustomModel, stages: int | None = None, method: str = "uniform",
+              *, batch_size: int = 1, layer_times: Sequence[float] | None = None) -> Partition:
     """Split `cfg`'s layers into `stages` contiguous stages by `method` (or a layout string).
 
     "cost" balances measured `layer_times` (seconds per layer, fwd+bwd) when given, else FLOPs.
@@ -128,10 +156,15 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
     `loads("times")`), so that splits made by other rules can be compared on them.
     `batch_size` (sequences) scales the FLOP model. With a layout, `stages` may be omitted; if
     given it must match the layout.
+
+    For a `pl.CustomModel`: "uniform", "params" (its parameter bytes) or "cost" (`layer_times`,
+    else each layer's F + I + W measured on a microbatch of `batch_size` rows of its batch).
     """
+    if isinstance(cfg, CustomModel):
+        return _custom_partition(cfg, stages, method, batch_size, layer_times)
     if not isinstance(cfg, ModelConfig):
-        raise ValueError(f"cfg must be a pl.ModelConfig (the model to split), got "
-                         f"{type(cfg).__name__}: call pl.partition(cfg, stages, method)")
+        raise ValueError(f"cfg must be a pl.ModelConfig or a pl.CustomModel (the model to "
+                         f"split), got {type(cfg).__name__}: call pl.partition(cfg, stages, method)")
     n = cfg.total_layers
     positive_int("batch_size", batch_size)
     if layer_times is not None:
@@ -155,6 +188,34 @@ def partition(cfg: ModelConfig, stages: int | None = None, method: str = "unifor
         raise ValueError("tie_embeddings with more than one stage is not supported: the embedding "
                          "and the head share a weight but would live on different stages")
     return Partition(cfg, bounds, method, batch_size, layer_times)
+
+
+def _custom_partition(model: CustomModel, stages, method: str, batch_size: int,
+                      layer_times) -> Partition:
+    """`partition` of a custom model: the same balanced search, on parameters or times."""
+    n = model.total_layers
+    positive_int("batch_size", batch_size)
+    if method not in METHODS:
+        raise ValueError(f"method={method!r}: a custom model is split by 'uniform', 'params' or "
+                         f"'cost' (a layout string names the toy GPT's E, t and L); for cuts of "
+                         f"your own give cluster.run partition=[(start, stop), ...]")
+    if stages is None:
+        raise ValueError(f"method {method!r} needs stages=")
+    positive_int("stages", stages)
+    if stages > n:
+        raise ValueError(f"stages={stages} but the model has only {n} layers (what its layers "
+                         f"function returns): every stage needs one, so stages must be <= {n}")
+    if layer_times is not None:
+        layer_times = _check_layer_times(layer_times, n)
+    elif method == "cost":
+        layer_times = [p.total for p in profile_layers(model, batch_size)]
+    if method == "uniform":
+        bounds = uniform_bounds(n, stages)
+    elif method == "params":
+        bounds = balanced_bounds(model.layer_parameter_bytes(), stages)
+    else:
+        bounds = balanced_bounds(layer_times, stages)
+    return Partition(model, bounds, method, batch_size, layer_times)
 
 
 def _check_layer_times(layer_times, n: int) -> list[float]:

@@ -6,7 +6,9 @@
 
 A policy names the *regions* of a stage's forward whose saved tensors are dropped: `full` each
 transformer block, `every-k` runs of k blocks, `selective` each block's attention core (scores,
-softmax, weighted sum; Korthikanti et al., arXiv 2205.05198). During `F` a region keeps only its
+softmax, weighted sum; Korthikanti et al., arXiv 2205.05198). For a model pipelab did not write
+(a `pl.CustomModel`) each of its layers is a segment, as a block is the GPT's: `full` and
+`every-k` apply, `selective` is refused (it needs the GPT's attention core). During `F` a region keeps only its
 input (a checkpoint); what autograd would have saved inside it is replaced by an empty slot. The
 schedule's `R` action (`1R3`: recompute stage 1's forward of microbatch 3) runs every region of
 its stage and microbatch again from its checkpoint and fills the slots, so the backward that
@@ -80,7 +82,8 @@ def _one(value, stage: int | None) -> Policy:
 
 def policies(recompute, cfg: ModelConfig, bounds: list[tuple[int, int]]) -> tuple[Policy, ...]:
     """One Policy per stage from `cluster.run`'s `recompute=` (ValueError naming what is wrong).
-    `every-k` without k takes √(the stage's blocks), rounded (memory.default_k)."""
+    `every-k` without k takes √(the stage's blocks, or a custom model's layers), rounded
+    (memory.default_k)."""
     stages = len(bounds)
     if recompute is None:
         recompute = "none"
@@ -92,9 +95,15 @@ def policies(recompute, cfg: ModelConfig, bounds: list[tuple[int, int]]) -> tupl
     else:
         chosen = [_one(recompute, None)] * stages
     out = []
+    custom = not isinstance(cfg, ModelConfig)
     for (start, stop), p in zip(bounds, chosen):
+        if custom and p.name == "selective":
+            raise ValueError("recompute='selective' with a custom model: it drops what the GPT's "
+                             "attention core saves, and this model's layers are not the GPT's; "
+                             "use 'full' or 'every-k' (each of its layers is a segment)")
         if p.name == "every-k" and p.k is None:
-            blocks = len(range(max(start, 1), min(stop, cfg.n_layers + 1)))
+            blocks = stop - start if custom else len(range(max(start, 1),
+                                                           min(stop, cfg.n_layers + 1)))
             p = Policy("every-k", default_k(blocks))
         out.append(p)
     return tuple(out)
@@ -196,13 +205,25 @@ def _blocks_of(module: nn.Module) -> list[nn.Module]:
     return list(module) if isinstance(module, nn.Sequential) else [module]
 
 
+def is_block(layer: nn.Module) -> bool:
+    """A segment of the toy GPT: a transformer block (the embedding and head are never dropped)."""
+    return isinstance(layer, Block)
+
+
+def any_layer(layer: nn.Module) -> bool:
+    """A segment of a custom model: each of its layers."""
+    return True
+
+
 class Recomputer:
     """One rank's recomputation state for a training step: per (stage, microbatch), the regions
-    its forward dropped, until `recompute` (the `R`) restores them."""
+    its forward dropped, until `recompute` (the `R`) restores them. `segment` says which layers
+    `full` and `every-k` checkpoint (`is_block`, or `any_layer` for a custom model)."""
 
-    def __init__(self, policies_by_stage: dict[int, Policy], meter=None):
+    def __init__(self, policies_by_stage: dict[int, Policy], meter=None, segment=is_block):
         self.policies = policies_by_stage
         self.meter = meter
+        self.segment = segment
         self.pending: dict[tuple[int, int], list[_Region]] = {}
 
     def forward(self, module: nn.Module, x: torch.Tensor, stage: int, microbatch: int):
@@ -216,13 +237,15 @@ class Recomputer:
         k = 1 if policy.name == "full" else policy.k
         out, layers, i = x, _blocks_of(module), 0
         while i < len(layers):
-            if not isinstance(layers[i], Block):
+            if not self.segment(layers[i]):
                 out, i = layers[i](out), i + 1
                 continue
             j = i
-            while j < len(layers) and j - i < k and isinstance(layers[j], Block):
+            while j < len(layers) and j - i < k and self.segment(layers[j]):
                 j += 1
-            out = self._checkpointed(_Chain(layers[i:j]), (out,), regions)
+            single = isinstance(out, torch.Tensor)   # else a custom layer's tuple of tensors
+            out = self._checkpointed(_Chain(layers[i:j], single),
+                                     (out,) if single else tuple(out), regions)
             i = j
         return out
 
@@ -270,12 +293,15 @@ class Recomputer:
 
 
 class _Chain:
-    """Blocks run one after the other: a segment of `full` (one block) or `every-k` (k)."""
+    """Blocks run one after the other: a segment of `full` (one block) or `every-k` (k). Its
+    checkpoints are its input tensor (`single`), or each tensor of the tuple a custom model's
+    layer receives (the tuple rebuilt to run it)."""
 
-    def __init__(self, layers):
-        self.layers = list(layers)
+    def __init__(self, layers, single: bool = True):
+        self.layers, self.single = list(layers), single
 
-    def __call__(self, x):
+    def __call__(self, *inputs):
+        x = inputs[0] if self.single else tuple(inputs)
         for layer in self.layers:
             x = layer(x)
         return x
@@ -342,8 +368,9 @@ def prepare_run(draft) -> bool:
 def recompute_step(run, state):
     """Every forward of the step keeps only what its stage's policy keeps (StepState.forward)."""
     policies = run.spec.recompute
+    segment = is_block if isinstance(run.spec.cfg, ModelConfig) else any_layer
     state.recompute = Recomputer({s: policies[s] for s in run.spec.schedule.stages_of(run.pp)},
-                                 state.meter)
+                                 state.meter, segment)
     yield
 
 
