@@ -19,6 +19,17 @@ def positive_int(name: str, value) -> int:
     return value
 
 
+def two_sizes(name: str, sizes) -> tuple[int, int]:
+    """`sizes` if it is two positive ints, the second larger (two points to fit a line through);
+    else ValueError naming `name`."""
+    if not isinstance(sizes, (list, tuple)) or len(sizes) != 2:
+        raise ValueError(f"{name} must be two sizes, the second larger, e.g. (1, 4), got {sizes!r}")
+    small, large = positive_int(f"{name}[0]", sizes[0]), positive_int(f"{name}[1]", sizes[1])
+    if large <= small:
+        raise ValueError(f"{name} must be two sizes, the second larger, got {sizes!r}")
+    return small, large
+
+
 def positive_number(name: str, value, what: str = "number") -> float:
     """`value` as a float if it is a finite number > 0; else ValueError naming `name`."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0 \

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checks import positive_int
+from ..checks import positive_int, two_sizes
 from ..model.custom import CustomModel
 from ..model.gpt import ModelConfig, build_layer, loss_fn
 from ..schedules.kinds import BACKWARD, FORWARD, KIND_SPECS, RECOMPUTE, kinds_with_role
@@ -110,10 +110,7 @@ def calibrate(cfg: ModelConfig | CustomModel, *, rows: tuple[int, int] = (1, 4),
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a pl.ModelConfig or a pl.CustomModel, got "
                          f"{type(cfg).__name__}")
-    small, large = rows
-    positive_int("rows[0]", small)
-    if large <= small:
-        raise ValueError(f"rows must be two sizes, the second larger, got {rows!r}")
+    small, large = two_sizes("rows", rows)
     positive_int("repeats", repeats)
     at = {r: _layer_times(cfg, r, repeats, warmup) for r in rows}
     forward = tuple(_line(small, f0, large, f1) for (f0, _), (f1, _) in zip(at[small], at[large]))

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import positive_int
+from ..checks import positive_int, two_sizes
 from ..model.custom import CustomModel
 from ..model.custom_profile import profile_layers
 
@@ -67,10 +67,7 @@ def calibrate_custom(model: CustomModel, *, rows: tuple[int, int] = (1, 4), repe
     each time and byte count as fixed + per_row × rows."""
     if not isinstance(model, CustomModel):
         raise ValueError(f"model must be a pl.CustomModel, got {type(model).__name__}")
-    small, large = rows
-    positive_int("rows[0]", small)
-    if large <= small:
-        raise ValueError(f"rows must be two sizes, the second larger, got {rows!r}")
+    small, large = two_sizes("rows", rows)
     positive_int("repeats", repeats)
     at = {r: profile_layers(model, r, repeats, warmup) for r in rows}
 
