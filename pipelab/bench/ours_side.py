@@ -104,7 +104,7 @@ class HooksOnlyMeter(_NoMeter):
     floor any hook-based meter pays. Leaks a graph that never runs backward; in a pipeline
     step every forward's graph is consumed by its backward."""
 
-    def saving(self):
+    def saving(self, keep=None):
         import torch
         return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
@@ -112,7 +112,7 @@ class HooksOnlyMeter(_NoMeter):
 class DetachMeter(_NoMeter):
     """Ablation: hooks that keep a detached alias of each saved tensor, and count nothing."""
 
-    def saving(self):
+    def saving(self, keep=None):
         import torch
         return torch.autograd.graph.saved_tensors_hooks(_detached, _same)
 
