@@ -12,9 +12,20 @@ makespan of the actions (no optimizer). Medians over `--repeats` runs after a wa
 the baseline and the schedules interleaved so they share whatever else loads the machine.
 
 Targets: efficiency = speed-up / ideal ≥ 0.9 for the flushing schedules, with 1F1B's ideal
-m·p/(m+p−1); the best zero-bubble row above that ideal (a speed-up no flushing 1F1B can reach);
-every row's measured step within 15% of its replay (the simulator fed each action's measured
-CPU time); a warm re-run of a small pipeline in under a second.
+m·p/(m+p−1); the best zero-bubble row at ≥ 1.9× (95% of the two-rank limit) and above that
+ideal (a speed-up no flushing 1F1B can reach); every row's measured step within 15% of its
+replay (the simulator fed each action's measured CPU time); a warm re-run of a small pipeline
+in under a second.
+
+Each speed-up target is judged round by round (run i of the schedule against run i of the
+single process, `pl.noise.verdict`): met when every counted round clears it, NOT met when none
+does, otherwise "not resolvable at this load" — and also whenever the measured step is more
+than 15% off its replay: then other processes, not the schedule, set the wall clock. What holds
+under load: the efficiency replayed from each action's CPU time, with free messages (CPU eff.:
+the work and the schedule's shape alone) and with the measured message latency (replay eff.),
+and the measured critical path (how often it crosses ranks, how long it waits there). A
+schedule whose messages sit on its critical path (1F1B on two ranks crosses at every
+microbatch; GPipe twice in all) pays the latency at each crossing.
 """
 from __future__ import annotations
 
@@ -25,10 +36,19 @@ import time
 
 import pipelab as pl
 
+ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v")
+SCHEDULES = {"gpipe": {}, "1f1b": {}, "interleaved-1f1b": {"chunks": 2},
+             "looped-bfs": {"chunks": 2}, "zb-h1": {}, "zb-h2": {}, "zb-v": {}}
+FLUSHING_TARGET = 0.9       # of the ideal m·p/(m+p−1)
+ZERO_BUBBLE_TARGET = 1.9    # × one process: 95% of the two-rank limit
+REPLAY_TOLERANCE = 0.15     # |measured/replay − 1| beyond which the wall clock is not the schedule's
+NOT_RESOLVABLE = "not resolvable at this load"
+
 
 def measure(clusters: dict, scheds: dict, cfg, batch_size: int, repeats: int) -> dict:
-    """Median makespans per schedule. Runs are interleaved (single, gpipe, 1f1b, single, ...)
-    so that every schedule sees the same background load on a shared machine."""
+    """Per schedule, every timed run's figures. Runs are interleaved (single, gpipe, 1f1b,
+    single, ...) so that every schedule sees the same background load on a shared machine;
+    round i of each schedule is paired with round i of the single process."""
     first = {name: clusters[name].run(s, model=cfg, batch_size=batch_size,      # warm-up
                                       partition="cost")
              for name, s in scheds.items()}
@@ -37,11 +57,24 @@ def measure(clusters: dict, scheds: dict, cfg, batch_size: int, repeats: int) ->
         for name, s in scheds.items():
             runs[name].append(clusters[name].run(s, model=cfg, batch_size=batch_size,
                                                  partition="cost", check=False))
-    return {name: {"measured": statistics.median(r.timeline.makespan for r in rs),
-                   "replayed": statistics.median(r.replay.makespan for r in rs),
-                   "grad_error": first[name].max_grad_error,
-                   "stage_ms": _stage_ms(rs[-1])}
-            for name, rs in runs.items()}
+    out = {}
+    for name, rs in runs.items():
+        paths = [r.timeline.path_summary() for r in rs]
+        out[name] = {"measured": [r.timeline.makespan for r in rs],
+                     "replayed": [r.replay.makespan for r in rs],
+                     "no_latency": [_replay_without_latency(r) for r in rs],
+                     "latency": statistics.median(r.comm_latency for r in rs),
+                     "crossings": statistics.median(p.crossings for p in paths),
+                     "path_wait": statistics.median(p.waiting for p in paths),
+                     "grad_error": first[name].max_grad_error,
+                     "stage_ms": _stage_ms(rs[-1])}
+    return out
+
+
+def _replay_without_latency(res: pl.RunResult) -> float:
+    """The replay's makespan with free messages: each action's measured CPU time alone."""
+    cpu = {e.action: e.cpu for e in res.timeline.events}
+    return pl.simulate(res.schedule, pl.Costs(per_action=cpu, comm=0.0, unit="s")).makespan
 
 
 def _stage_ms(res: pl.RunResult) -> list[float]:
@@ -53,9 +86,19 @@ def _stage_ms(res: pl.RunResult) -> list[float]:
     return [per_stage[s] / m * 1e3 for s in sorted(per_stage)]
 
 
-ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v")
-SCHEDULES = {"gpipe": {}, "1f1b": {}, "interleaved-1f1b": {"chunks": 2},
-             "looped-bfs": {"chunks": 2}, "zb-h1": {}, "zb-h2": {}, "zb-v": {}}
+def speedup_verdict(single: list[float], piped: list[float], target: float, gap: float) -> str:
+    """'met', 'NOT met' or NOT_RESOLVABLE for "speed-up ≥ target", round by round."""
+    if abs(gap) > REPLAY_TOLERANCE:
+        return NOT_RESOLVABLE
+    v = pl.noise.verdict([p * target for p in piped], single, labels=("target", "single"),
+                         margin=0.0)
+    return {"target": "met", "single": "NOT met"}.get(v.faster, NOT_RESOLVABLE)
+
+
+def overall(verdicts: list[str]) -> str:
+    if all(v == "met" for v in verdicts):
+        return "met"
+    return "NOT met" if "NOT met" in verdicts else NOT_RESOLVABLE
 
 
 def warm_rerun(repeats: int = 10) -> tuple[float, float]:
@@ -100,14 +143,26 @@ def main() -> None:
                    for name in names})
     with pl.LocalCluster(1) as one, pl.LocalCluster(p) as two:
         cores = two.cores
-        medians = measure({name: one if name == "single" else two for name in scheds},
-                          scheds, cfg, batch, args.repeats)
-    single = medians.pop("single")
+        runs = measure({name: one if name == "single" else two for name in scheds},
+                       scheds, cfg, batch, args.repeats)
+    single = runs.pop("single")
+    single_ms = statistics.median(single["measured"])
+    single_replay = statistics.median(single["no_latency"])
     rows = []
-    for name, piped in medians.items():
-        speedup = single["measured"] / piped["measured"]
-        gap = piped["measured"] / piped["replayed"] - 1
-        rows.append((name, piped, speedup, speedup / ideal, gap))
+    for name, piped in runs.items():
+        measured, replayed = statistics.median(piped["measured"]), statistics.median(piped["replayed"])
+        speedup = single_ms / measured
+        gap = measured / replayed - 1
+        target = ZERO_BUBBLE_TARGET if name in ZERO_BUBBLE else FLUSHING_TARGET * ideal
+        rows.append({"name": name, "measured": measured, "replayed": replayed,
+                     "speedup": speedup, "efficiency": speedup / ideal,
+                     "replay_eff": single_replay / replayed / ideal,
+                     "cpu_eff": single_replay / statistics.median(piped["no_latency"]) / ideal,
+                     "latency": piped["latency"], "gap": gap,
+                     "crossings": piped["crossings"], "path_wait": piped["path_wait"],
+                     "grad_error": piped["grad_error"], "stage_ms": piped["stage_ms"],
+                     "verdict": speedup_verdict(single["measured"], piped["measured"], target,
+                                                gap)})
     cold, warm = warm_rerun()
     load_after = os.getloadavg()[0]
 
@@ -116,25 +171,44 @@ def main() -> None:
           f"median of {args.repeats}; load average {load_before:.1f} before, "
           f"{load_after:.1f} after (wall-clock figures need a quiet machine)")
     print("per microbatch F+B CPU per stage (ms): "
-          + ", ".join(f"{x:.1f}" for x in rows[-1][1]["stage_ms"])
-          + f"; single process: {single['measured'] * 1e3:.1f} ms per step")
-    head = (f"{'schedule':<17}{'single ms':>10}{'pipe ms':>9}{'replay ms':>10}{'speed-up':>9}"
-            f"{'1F1B ideal':>11}{'effic.':>8}{'meas/replay':>12}{'grad err':>10}")
+          + ", ".join(f"{x:.1f}" for x in rows[-1]["stage_ms"])
+          + f"; single process: {single_ms * 1e3:.1f} ms per step, replayed "
+            f"{single_replay * 1e3:.1f}")
+    print("effic. = speed-up / 1F1B ideal (wall clock); CPU eff. = the same replayed from "
+          "each action's CPU time with free messages, replay eff. = with the measured message "
+          "latency (both hold under load); latency: median one-way message time; critical "
+          "path of the measured step: rank crossings, and the time it waited there")
+    head = (f"{'schedule':<17}{'pipe ms':>9}{'replay ms':>10}{'speed-up':>9}{'effic.':>8}"
+            f"{'CPU eff.':>9}{'replay eff.':>12}{'latency ms':>11}{'meas/replay':>12}"
+            f"{'crossings':>10}{'path wait ms':>13}{'grad err':>10}  target")
     print(head)
     print("-" * len(head))
-    for name, piped, speedup, efficiency, gap in rows:
-        print(f"{name:<17}{single['measured'] * 1e3:>10.1f}{piped['measured'] * 1e3:>9.1f}"
-              f"{piped['replayed'] * 1e3:>10.1f}{speedup:>9.2f}{ideal:>11.2f}{efficiency:>8.2f}"
-              f"{gap:>+12.1%}{piped['grad_error']:>10.1e}")
+    for r in rows:
+        target = (f">= {ZERO_BUBBLE_TARGET}x" if r["name"] in ZERO_BUBBLE
+                  else f">= {FLUSHING_TARGET} of ideal")
+        print(f"{r['name']:<17}{r['measured'] * 1e3:>9.1f}{r['replayed'] * 1e3:>10.1f}"
+              f"{r['speedup']:>9.2f}{r['efficiency']:>8.2f}{r['cpu_eff']:>9.2f}"
+              f"{r['replay_eff']:>12.2f}{r['latency'] * 1e3:>11.2f}{r['gap']:>+12.1%}{r['crossings']:>10.0f}{r['path_wait'] * 1e3:>13.1f}"
+              f"{r['grad_error']:>10.1e}  {target}: {r['verdict']}")
     print(f"warm re-run of a small pipeline (1f1b, 2 ranks, 4 microbatches): {warm * 1e3:.0f} ms "
           f"(target < 1000 ms); cold start of 2 workers: {cold:.1f} s")
-    flushing = [r for r in rows if r[0] not in ZERO_BUBBLE]
-    zero_bubble = [r for r in rows if r[0] in ZERO_BUBBLE]
-    ok = all(eff >= 0.9 for _n, _p, _s, eff, _g in flushing) \
-        and all(abs(gap) <= 0.15 for *_rest, gap in rows) and warm < 1 \
-        and (not zero_bubble or max(speedup for _n, _p, speedup, _e, _g in zero_bubble) > ideal)
-    print("targets (flushing efficiency >= 0.9, best zero-bubble speed-up > 1F1B's ideal, "
-          "|measured/replay - 1| <= 15%, warm re-run < 1 s):", "met" if ok else "NOT met")
+    flushing = [r for r in rows if r["name"] not in ZERO_BUBBLE]
+    zero_bubble = [r for r in rows if r["name"] in ZERO_BUBBLE]
+    faithful = all(abs(r["gap"]) <= REPLAY_TOLERANCE for r in rows)
+    if flushing:
+        print(f"target flushing schedules >= {FLUSHING_TARGET} of ideal ({ideal:.2f}): "
+              f"{overall([r['verdict'] for r in flushing])}")
+    if zero_bubble:
+        best = max(zero_bubble, key=lambda r: r["speedup"])
+        print(f"target best zero-bubble ({best['name']}, {best['speedup']:.2f}x) >= "
+              f"{ZERO_BUBBLE_TARGET}x one process: {best['verdict']}; above 1F1B's ideal "
+              f"{ideal:.2f}: "
+              + (NOT_RESOLVABLE if not faithful else
+                 "met" if best["speedup"] > ideal else "NOT met"))
+    print(f"target |measured/replay - 1| <= {REPLAY_TOLERANCE:.0%} on every row: "
+          + ("met" if faithful else f"NOT met at load {max(load_before, load_after):.1f} "
+             f"on {os.cpu_count()} cores (the load sets the wall clock)")
+          + f"; warm re-run < 1 s: {'met' if warm < 1 else 'NOT met'}")
 
 
 if __name__ == "__main__":

@@ -5,8 +5,10 @@
 It runs `run_rank(spec)` exactly as a `cluster.run` does (measuring on: per-action clocks,
 activation meter, progress board) and adds what a run does not report: this thread's CPU time
 from the end of the step's barrier to the end of the step, and optionally a cProfile of that
-span. The barrier is found by wrapping `torch.distributed.barrier` for the duration of the call,
-so this needs no hook in the executor.
+span. The step ends when the executor's `_run_step` returns (its sends waited), as torch's side
+ends when `step()` returns: what `run_rank` does after the step (dropping the rank's stages,
+~1% of a small step) is not part of it. Both ends are found by wrapping `torch.distributed.
+barrier` and the executor's `_run_step` for the duration of the call: no hook in the executor.
 """
 from __future__ import annotations
 
@@ -38,7 +40,18 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
             profiler.enable()
         return out
 
+    run_step_of = executor._run_step
+    ends: list[float] = []
+
+    def timed_step(*args, **kwargs):
+        out = run_step_of(*args, **kwargs)
+        ends.append(time.thread_time())
+        if profiler is not None:
+            profiler.disable()
+        return out
+
     dist.barrier = timed_barrier
+    executor._run_step = timed_step
     meter_class = executor.ActivationMeter
     if "meter" in without:
         executor.ActivationMeter = _NoMeter
@@ -53,11 +66,11 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
         executor.ActivationMeter = meter_class
         if profiler is not None:
             profiler.disable()
-        end_cpu = time.thread_time()
         dist.barrier = barrier
+        executor._run_step = run_step_of
     step = report["steps"][-1]
     out = {"rank": rank, "begin": step["begin"], "end": max(a[4] for a in step["actions"]),
-           "cpu": end_cpu - marks[-1], "actions": len(step["actions"]),
+           "cpu": ends[-1] - marks[-1], "actions": len(step["actions"]),
            "handler_cpu": sum(a[5] for a in step["actions"])}
     if profiler is not None:
         out["profile"] = summarize(profiler)
@@ -65,15 +78,25 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
 
 
 class _NoMeter:
-    """Ablation: an activation meter that measures nothing."""
-    live = peak = 0
+    """Ablation: an activation meter that measures nothing (every method the runtime calls is
+    a no-op, every figure 0)."""
+    live = peak = sending = sending_peak = offloaded = offloaded_peak = 0
 
     def __init__(self, parameters=()):
         pass
 
-    def saving(self):
+    def saving(self, keep=None):
         import contextlib
         return contextlib.nullcontext()
+
+    def count_saved(self, tensor):
+        return tensor
+
+    def _ignore(self, *args) -> None:
+        pass
+
+    hold = drop = add_parameters = remove_parameters = hold_send = _ignore
+    sends_done = reset_peak = _ignore
 
 
 class HooksOnlyMeter(_NoMeter):
@@ -81,7 +104,7 @@ class HooksOnlyMeter(_NoMeter):
     floor any hook-based meter pays. Leaks a graph that never runs backward; in a pipeline
     step every forward's graph is consumed by its backward."""
 
-    def saving(self):
+    def saving(self, keep=None):
         import torch
         return torch.autograd.graph.saved_tensors_hooks(_same, _same)
 
@@ -89,7 +112,7 @@ class HooksOnlyMeter(_NoMeter):
 class DetachMeter(_NoMeter):
     """Ablation: hooks that keep a detached alias of each saved tensor, and count nothing."""
 
-    def saving(self):
+    def saving(self, keep=None):
         import torch
         return torch.autograd.graph.saved_tensors_hooks(_detached, _same)
 

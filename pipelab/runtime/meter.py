@@ -10,7 +10,7 @@ The hook runs for every saved tensor (about 60 per stage and microbatch of the t
 it is the runtime's largest per-action cost on small microbatches and is written for speed:
 a parameter is recognised by its data address before any storage object is made (a saved
 weight or its transpose starts where the parameter starts); a saved activation is kept as a
-detached alias (holding the tensor itself would make a reference cycle output -> grad_fn ->
+detached alias (`.data`) (holding the tensor itself would make a reference cycle output -> grad_fn ->
 saved -> output that leaks when no backward ever runs), watched by a weak reference whose
 callback releases its bytes, so there is no Python object of our own and no `__del__` per
 tensor; counts and sizes are plain ints in dicts; unpacking is the identity.
@@ -74,7 +74,9 @@ class ActivationMeter:
         key = self._acquire(tensor)
         if key is None:
             return tensor
-        packed = tensor.detach()
+        # `.data`: the same storage, shape and strides with no autograd history, like
+        # `detach()` but ~25% cheaper (no view tracking); autograd only reads it back.
+        packed = tensor.data
         watcher = weakref.ref(packed, self._on_free)
         self._watchers[id(watcher)] = (watcher, key)
         return packed
