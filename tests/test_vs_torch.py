@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import inspect
+
 import pytest
 import torch
 
@@ -170,3 +172,21 @@ def test_call_results_carry_the_load_they_ran_at(cluster, monkeypatch):
     line = f"measured at load average 1.25 → 2.50 on {os.cpu_count()} cores"
     assert res.load_line == line
     assert repr(res).splitlines() == [repr(cluster.pids), line]
+
+
+def test_the_meter_ablations_offer_everything_the_runtime_calls_on_a_meter():
+    # vs_torch.py --profile swaps the activation meter for these; one missing method crashed
+    # the profile run (a TypeError deep in a worker).
+    from pipelab.bench import ours_side
+    from pipelab.runtime.meter import ActivationMeter
+    public = {name for name in dir(ActivationMeter) if not name.startswith("_")}
+    for ablation in (ours_side._NoMeter, ours_side.HooksOnlyMeter, ours_side.DetachMeter):
+        assert public <= set(dir(ablation)), (ablation.__name__, public - set(dir(ablation)))
+        for name in public:
+            real, stand_in = getattr(ActivationMeter, name), getattr(ablation, name)
+            if not callable(real):
+                continue
+            wanted = list(inspect.signature(real).parameters)
+            took = inspect.signature(stand_in).parameters
+            if not any(p.kind is p.VAR_POSITIONAL for p in took.values()):
+                assert list(took) == wanted, (ablation.__name__, name, list(took), wanted)
