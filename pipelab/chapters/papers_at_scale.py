@@ -81,7 +81,7 @@ def plot_vocab_sweep(table: list[dict], measured: dict | None = None, seq_len: i
     return fig
 
 
-def plot_rows(rows, title: str = "ours (simulated) over the paper's figure, per row"):
+def plot_rows(rows, title: str = "ours (simulated) over the paper's figure (published), per row"):
     """Each row's ratio ours/published (log scale), its tolerance band, coloured by status."""
     import matplotlib.pyplot as plt
     ratios = [r for r in rows if r.compare == "ratio"]
@@ -93,6 +93,10 @@ def plot_rows(rows, title: str = "ours (simulated) over the paper's figure, per 
     ax.axvline(1.0, color="black", lw=0.8)
     ax.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=7.5)
     ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ticks = [t / 10 for t in range(1, 40) if lo <= t / 10 <= hi]
+    ax.set_xticks(ticks, [f"{t:.1f}" for t in ticks])      # plain ratios, not 7×10⁻¹
+    ax.minorticks_off()
     ax.invert_yaxis()                              # the table's order, top to bottom
     ax.set(xlabel="ours / published (grey: tolerance; red: outside, explained)", title=title)
     fig.tight_layout()
@@ -130,7 +134,7 @@ def explorer(measured: dict | None = None, device: Device = A100_80):
         # headroom above the tallest bar or tick, so the legend never sits on the data
         left.set_ylim(0, 1.3 * max(tops))
         if figures:
-            left.legend(fontsize=8, loc="upper right")
+            left.legend(fontsize=8, loc="upper right", markerscale=0.4)
         left.set(ylabel="MFU (%)",
                  title=f"MFU, s={seq_len}, V={vocab // 1000}k, p={ranks}\n{where}")
         for n in names:
