@@ -81,18 +81,22 @@ def plot_vocab_sweep(table: list[dict], measured: dict | None = None, seq_len: i
     return fig
 
 
-def plot_rows(rows, title: str = "ours (simulated) over the paper's figure, per row"):
+def plot_rows(rows, title: str = "ours (simulated) over the paper's figure (published), per row"):
     """Each row's ratio ours/published (log scale), its tolerance band, coloured by status."""
     import matplotlib.pyplot as plt
     ratios = [r for r in rows if r.compare == "ratio"]
-    fig, ax = plt.subplots(figsize=(12, 0.18 * len(ratios) + 1))
+    fig, ax = plt.subplots(figsize=(12, 0.2 * len(ratios) + 1.2))
     colour = {"ok": "#2CA02C", "gap": "#D62728"}
     for k, r in enumerate(ratios):
         ax.plot([1 - r.tolerance, 1 + r.tolerance], [k, k], "-", color="#DDDDDD", lw=5)
         ax.plot(r.ratio, k, "o", color=colour.get(r.status, "black"))
     ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=6)
+    ax.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=7.5)
     ax.set_xscale("log")
+    lo, hi = ax.get_xlim()
+    ticks = [t / 10 for t in range(1, 40) if lo <= t / 10 <= hi]
+    ax.set_xticks(ticks, [f"{t:.1f}" for t in ticks])      # plain ratios, not 7×10⁻¹
+    ax.minorticks_off()
     ax.invert_yaxis()                              # the table's order, top to bottom
     ax.set(xlabel="ours / published (grey: tolerance; red: outside, explained)", title=title)
     fig.tight_layout()
@@ -115,25 +119,34 @@ def explorer(measured: dict | None = None, device: Device = A100_80):
     def draw(seq_len: int, vocab: int, ranks: int) -> None:
         import matplotlib.pyplot as plt
         at = methods_at(seq_len, vocab, ranks=ranks, device=device)
-        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 3.6))
+        fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
         names = list(at)
         left.bar(names, [100 * at[n][0] for n in names], color=[COLOURS[n] for n in names])
         figures = (measured or {}).get((seq_len, vocab)) if ranks == 8 else None
+        tops = [100 * at[n][0] for n in names]
+        where = "bars: simulated"
         if figures:
             left.plot([n for n in names if n in figures], [figures[n][0] for n in names
                                                            if n in figures], "k_", ms=30,
-                      label="measured (artifact)")
-            left.legend(fontsize=8)
-        left.set(ylabel="MFU (%)", title=f"MFU, simulated, s={seq_len}, V={vocab // 1000}k, "
-                                          f"p={ranks}")
+                      mew=2, label="measured (artifact)")
+            tops += [figures[n][0] for n in names if n in figures]
+            where += "; black ticks: measured (artifact)"
+        # headroom above the tallest bar or tick, so the legend never sits on the data
+        left.set_ylim(0, 1.3 * max(tops))
+        if figures:
+            left.legend(fontsize=8, loc="upper right", markerscale=0.4)
+        left.set(ylabel="MFU (%)",
+                 title=f"MFU, s={seq_len}, V={vocab // 1000}k, p={ranks}\n{where}")
         for n in names:
             right.plot(range(ranks), at[n][1], "o-", color=COLOURS[n], label=n)
-        right.set(xlabel="rank", ylabel="GiB", title="peak memory per rank, simulated")
-        right.legend(fontsize=8)
+        right.set(xlabel="rank", ylabel="peak memory (GiB)", xticks=list(range(ranks)),
+                  title="peak memory per rank, simulated\n(byte model, at the same setting)")
+        right.legend(fontsize=8, loc="upper center", ncol=4)
+        right.set_ylim(0, 1.25 * max(max(at[n][1]) for n in names))
         fig.tight_layout()
         plt.show()
 
-    return ui.slider_box(controls, draw, min_height="420px")
+    return ui.slider_box(controls, draw, min_height="520px")
 
 
 def plot_plan(plan: Plan, top: int = 12, title: str = ""):
