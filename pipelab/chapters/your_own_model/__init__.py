@@ -2,9 +2,12 @@
 llama_stack.py, beside this file; the workers import it by its module name)."""
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from ...model.custom import CustomModel
+from ...sim.partition import Partition
+from ...sim.simulate import simulate
+from ...sim.timeline import Timeline
 
 LLAMA = "pipelab.chapters.your_own_model.llama_stack"
 
@@ -36,3 +39,12 @@ def step_timer(cluster, schedule, model: CustomModel, **run) -> Callable[[], flo
         return cluster.run(schedule, model=model, check=False, progress=False,
                            **run).replay.makespan
     return once
+
+
+def predicted_steps(splits: Sequence[Partition], schedule) -> list[Timeline]:
+    """Each split simulated under `schedule`, its stages priced by their measured load
+    (`Partition.times`: F + I + W of a microbatch, from the layers timed alone) divided 1 : 2
+    between forward and backward: the step the profile predicts, before any run."""
+    # costs() makes the forward load/per_unit and the backward twice that: per_unit=3 keeps
+    # forward + backward equal to the measured F + I + W.
+    return [simulate(schedule, split.costs("times", per_unit=3, unit="s")) for split in splits]
