@@ -224,6 +224,12 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
     return Plan(out, source, devices, memory_per_device, batch_size)
 
 
+def _splittable(what: str, layers: int) -> None:
+    """Refuse a model too deep for the exact split every candidate gets."""
+    at_most(what, layers, MAX_PLAN_LAYERS,
+            "the planner splits every candidate exactly, in O(stages × layers²)")
+
+
 def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
     """The source of costs and bytes `model` plans with (see the module's docstring), its
     arguments checked."""
@@ -231,15 +237,13 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
         if device is not None:
             raise ValueError("device is for a pl.ModelShape's plan; a pl.ModelConfig's costs "
                              "come from its calibration")
-        at_most("the model's layers (n_layers + 2)", model.total_layers, MAX_PLAN_LAYERS,
-                "the planner splits every candidate exactly, in O(stages × layers²)")
+        _splittable("the model's layers (n_layers + 2)", model.total_layers)
         return CalibratedModel
     if isinstance(model, CustomModel):
         if device is not None:
             raise ValueError("device is for a pl.ModelShape's plan; a pl.CustomModel's costs "
                              "come from its calibration (pl.calibrate(model))")
-        at_most("the model's layers", model.total_layers, MAX_PLAN_LAYERS,
-                "the planner splits every candidate exactly, in O(stages × layers²)")
+        _splittable("the model's layers", model.total_layers)
         if optimizer not in ("adamw", "sgd"):
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
         return CustomPlanned
@@ -247,8 +251,7 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
         if calibration is not None:
             raise ValueError("calibration is for a pl.ModelConfig's plan; a pl.ModelShape's "
                              "costs come from its device (device=pl.Device.named(...))")
-        at_most("the model's layers (layers + 2)", model.layers + 2, MAX_PLAN_LAYERS,
-                "the planner splits every candidate exactly, in O(stages × layers²)")
+        _splittable("the model's layers (layers + 2)", model.layers + 2)
         if device is not None and not isinstance(device, Device):
             raise ValueError(f"device must be a pl.Device (e.g. pl.Device.named('A100-80GB')), "
                              f"got {type(device).__name__}")
