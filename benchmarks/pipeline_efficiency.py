@@ -35,6 +35,7 @@ import statistics
 import time
 
 import pipelab as pl
+from pipelab.bench.cores import core_work
 
 ZERO_BUBBLE = ("zb-h1", "zb-h2", "zb-v")
 SCHEDULES = {"gpipe": {}, "1f1b": {}, "interleaved-1f1b": {"chunks": 2},
@@ -67,8 +68,52 @@ def measure(clusters: dict, scheds: dict, cfg, batch_size: int, repeats: int) ->
                      "crossings": statistics.median(p.crossings for p in paths),
                      "path_wait": statistics.median(p.waiting for p in paths),
                      "grad_error": first[name].max_grad_error,
-                     "stage_ms": _stage_ms(rs[-1])}
+                     "stage_ms": _stage_ms(rs[-1]),
+                     "factors": _median_factors(rs)}
     return out
+
+
+FACTORS = ("split", "balance", "shape", "messages", "wall")
+
+
+def factors(res: pl.RunResult) -> dict[str, float]:
+    """Where a run's step goes, as factors whose product with the rank count is the CPU the
+    work needs on one process over the measured step (the speed-up, but for the single
+    process's own wall overhead):
+
+      split    = the CPU of every action of the step on one process / the same on the ranks
+                 (> 1 when smaller stages run faster; `work` here, divided in the table)
+      balance  = the ranks' mean CPU / the busiest rank's CPU
+      shape    = the busiest rank's CPU / the step replayed with free messages (the
+                 schedule's fill and drain at these costs)
+      messages = that replay / the replay with the measured message latency
+      wall     = the replay with latency / the measured step (other threads and processes)
+
+    All but `wall` are read from thread CPU times and hold on a loaded machine."""
+    per_rank = [0.0] * res.schedule.ranks
+    for e in res.timeline.events:
+        per_rank[e.rank] += e.cpu
+    free = _replay_without_latency(res)
+    return {"work": sum(per_rank), "balance": sum(per_rank) / len(per_rank) / max(per_rank),
+            "shape": max(per_rank) / free, "messages": free / res.replay.makespan,
+            "wall": res.replay.makespan / res.timeline.makespan}
+
+
+def _median_factors(runs: list[pl.RunResult]) -> dict[str, float]:
+    every = [factors(r) for r in runs]
+    return {k: statistics.median(f[k] for f in every) for k in every[0]}
+
+
+def core_slowdown(one, two, cfg, rows: int, rounds: int = 5) -> list[float]:
+    """Per round, the CPU time of the same work on a core while the other core runs it too,
+    over the time alone (`bench/cores.py`): what two ranks side by side pay, whatever the
+    schedule. Rounds alternate alone / together, so both see the same background load."""
+    ratios = []
+    for _ in range(rounds):
+        alone = one.call(core_work, cfg, rows)[0]
+        together = two.call(core_work, cfg, rows)
+        ratios.append(statistics.mean(together) / alone)
+    return ratios
 
 
 def _replay_without_latency(res: pl.RunResult) -> float:
@@ -93,6 +138,37 @@ def speedup_verdict(single: list[float], piped: list[float], target: float, gap:
     v = pl.noise.verdict([p * target for p in piped], single, labels=("target", "single"),
                          margin=0.0)
     return {"target": "met", "single": "NOT met"}.get(v.faster, NOT_RESOLVABLE)
+
+
+def print_factors(rows: list[dict], single_work: float, single_step: float, p: int,
+                  m: int) -> None:
+    """Each row's speed-up taken apart (`factors`): p × split × balance × shape × messages ×
+    wall × (the single process's CPU over its own step) is the speed-up. `shape` is printed
+    beside the ideal's: the same schedule with every stage's work equal (1F1B's m/(m+p−1) for
+    the flushing schedules)."""
+    print(f"where the step goes: speed-up = {p} × split × balance × shape × messages × wall × "
+          f"single CPU/step ({single_work / single_step:.3f}); shape beside the same schedule's "
+          f"with equal stages")
+    head = (f"{'schedule':<17}{'split':>7}{'balance':>9}{'shape':>7}{'(equal)':>9}"
+            f"{'messages':>10}{'wall':>7}{'product':>9}{'speed-up':>10}")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        f = r["factors"]
+        split = single_work / f["work"]
+        equal = _equal_shape(r["name"], p, m)
+        product = (p * split * f["balance"] * f["shape"] * f["messages"] * f["wall"]
+                   * single_work / single_step)
+        print(f"{r['name']:<17}{split:>7.3f}{f['balance']:>9.3f}{f['shape']:>7.3f}{equal:>9.3f}"
+              f"{f['messages']:>10.3f}{f['wall']:>7.3f}{product:>9.2f}{r['speedup']:>10.2f}")
+
+
+def _equal_shape(name: str, p: int, m: int) -> float:
+    """The `shape` factor of `name` simulated with equal stages (F = 1, I = W = 1: B = 2) and
+    free messages: the busiest rank's work over the makespan."""
+    sched = pl.schedule(name, ranks=p, microbatches=m, **SCHEDULES[name])
+    tl = pl.simulate(sched, pl.Costs(F=1, I=1, W=1, B=2, comm=0.0))
+    return max(tl.busy().values()) / tl.makespan
 
 
 def overall(verdicts: list[str]) -> str:
@@ -145,6 +221,7 @@ def main() -> None:
         cores = two.cores
         runs = measure({name: one if name == "single" else two for name in scheds},
                        scheds, cfg, batch, args.repeats)
+        slowdowns = core_slowdown(one, two, cfg, args.rows)
     single = runs.pop("single")
     single_ms = statistics.median(single["measured"])
     single_replay = statistics.median(single["no_latency"])
@@ -161,6 +238,7 @@ def main() -> None:
                      "latency": piped["latency"], "gap": gap,
                      "crossings": piped["crossings"], "path_wait": piped["path_wait"],
                      "grad_error": piped["grad_error"], "stage_ms": piped["stage_ms"],
+                     "factors": piped["factors"],
                      "verdict": speedup_verdict(single["measured"], piped["measured"], target,
                                                 gap)})
     cold, warm = warm_rerun()
@@ -190,6 +268,12 @@ def main() -> None:
               f"{r['speedup']:>9.2f}{r['efficiency']:>8.2f}{r['cpu_eff']:>9.2f}"
               f"{r['replay_eff']:>12.2f}{r['latency'] * 1e3:>11.2f}{r['gap']:>+12.1%}{r['crossings']:>10.0f}{r['path_wait'] * 1e3:>13.1f}"
               f"{r['grad_error']:>10.1e}  {target}: {r['verdict']}")
+    print_factors(rows, single["factors"]["work"], statistics.median(single["measured"]), p, m)
+    slowdown = statistics.median(slowdowns)
+    print(f"two cores side by side: each runs the whole model's forward and backward in "
+          f"{slowdown:.3f}x the CPU time it takes alone (rounds: "
+          f"{', '.join(f'{x:.3f}' for x in slowdowns)}): {p} ranks can reach at most "
+          f"~{p / slowdown:.2f}x one process on this machine, before any schedule")
     print(f"warm re-run of a small pipeline (1f1b, 2 ranks, 4 microbatches): {warm * 1e3:.0f} ms "
           f"(target < 1000 ms); cold start of 2 workers: {cold:.1f} s")
     flushing = [r for r in rows if r["name"] not in ZERO_BUBBLE]
