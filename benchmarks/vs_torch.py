@@ -28,7 +28,9 @@ by side (torch's private `pipeline_order`, read without processes).
 
 `--profile` adds where each side's CPU goes per action (thread CPU time, which a loaded machine
 does not distort the way it distorts wall-clock time): total per action from unprofiled steps,
-ours with and without the activation meter, and a thread-time cProfile folded into categories.
+ours with its sampled activation meter (the default: one hooked forward per stage), with the
+meter hooking every forward (`RunSpec.meter = "full"`) and without a meter, and a thread-time
+cProfile folded into categories.
 
 Wall-clock figures are only meaningful on a quiet machine: the load average is printed.
 """
@@ -212,14 +214,19 @@ def print_tables(sched: pl.Schedule, torch_class: str) -> None:
 
 
 def cpu_profile(cluster, row: dict, cfg, batch: int, steps: int, warmup: int) -> None:
-    """Thread CPU per action, ours (with and without the meter) and torch's, alternated."""
+    """Thread CPU per action, ours (sampled meter, full meter, no meter) and torch's."""
     sched, job = row["sched"], row["job"]
     spec = pl.runtime.prepare_run(sched, ranks=sched.ranks, model=cfg,
                                   partition=[tuple(b) for b in job["bounds"]],
                                   batch_size=batch, check=False)
-    runs: dict[str, list] = {"ours": [], "ours, no meter": [], "torch": []}
+    # The run's meter (sampled), the meter hooking every forward (the exactness reference),
+    # no meter at all, and torch's, alternated.
+    full = dataclasses.replace(spec, meter="full")
+    runs: dict[str, list] = {"ours": [], "ours, full meter": [], "ours, no meter": [],
+                             "torch": []}
     for k in range(warmup + steps):
         for label, call in (("ours", lambda: cluster.call(OURS_STEP, spec)),
+                            ("ours, full meter", lambda: cluster.call(OURS_STEP, full)),
                             ("ours, no meter", lambda: cluster.call(OURS_STEP, spec,
                                                                     without=("meter",))),
                             ("torch", lambda: cluster.call(TORCH_STEP, job))):
@@ -231,7 +238,7 @@ def cpu_profile(cluster, row: dict, cfg, batch: int, steps: int, warmup: int) ->
     for label, reps in runs.items():
         per = [statistics.median(r[rank]["cpu"] for r in reps) / reps[0][rank]["actions"] * 1e6
                for rank in range(sched.ranks)]
-        print(f"  {label:<16}" + "".join(f"{x:9.0f} us" for x in per))
+        print(f"  {label:<18}" + "".join(f"{x:9.0f} us" for x in per))
     prof = {"ours": cluster.call(OURS_STEP, spec, profile=True),
             "torch": cluster.call(TORCH_STEP, {**job, "profile": True})}
     print("  where it goes (thread-time cProfile of one step, own time per action, us; the "

@@ -82,7 +82,7 @@ class _NoMeter:
     a no-op, every figure 0)."""
     live = peak = sending = sending_peak = offloaded = offloaded_peak = 0
 
-    def __init__(self, parameters=()):
+    def __init__(self, parameters=(), sample=None):
         pass
 
     def saving(self, keep=None):
@@ -96,7 +96,7 @@ class _NoMeter:
         pass
 
     hold = drop = add_parameters = remove_parameters = hold_send = _ignore
-    sends_done = reset_peak = _ignore
+    sends_done = reset_peak = begin = end = _ignore
 
 
 class HooksOnlyMeter(_NoMeter):

@@ -12,6 +12,7 @@
     heap.py      keep freed memory, as a caching allocator  errors.py  how a run fails
     mesh.py      the processes' (pp, dp, tp) coordinates    techniques.py  where techniques plug in
     link.py      waiting out an emulated link (pl.Link)  boundary.py  tuples, integer tensors across stages
+    sampling.py  which forwards the meter hooks (a few per stage, or all)
 """
 from .cluster import LocalCluster
 from .errors import PipelineTimeout, WorkerError

@@ -118,7 +118,7 @@ class LocalCluster:
             timeout: float | None = None, check: bool = True, progress: bool = True,
             data_parallel: int = 1, tensor_parallel: int = 1, recompute=None,
             expert_parallel: int = 1, link=None,
-            _inject: dict | None = None) -> RunResult:
+            _inject: dict | None = None, _meter: str = "sampled") -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
         model: a pl.ModelConfig (default ModelConfig()), or a pl.CustomModel (your layers,
@@ -150,13 +150,15 @@ class LocalCluster:
             core is used, no CPU time charged), and `res.simulated` prices the same link.
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
+        _meter: "full" hooks every forward with the activation meter instead of one per stage
+            (the same figures, at a higher cost: runtime/meter.py); for tests and ablations.
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout)
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
                            tensor_parallel=tensor_parallel, recompute=recompute,
-                           expert_parallel=expert_parallel, link=link)
+                           expert_parallel=expert_parallel, link=link, _meter=_meter)
         self.start()
         began = time.perf_counter()
         try:

@@ -32,6 +32,7 @@ from . import collectives  # noqa: F401  (registers the AR and G handlers)
 from .heap import keep_freed_memory
 from .plugins import collective_groups, import_plugins, process_group
 from .meter import ActivationMeter
+from .sampling import sampled_forwards
 from .spec import RunSpec
 from .stage import RankStages, StepState, replica_own
 from .techniques import around_step, setup_all, walk
@@ -83,6 +84,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     setup_all(spec.techniques, run)    # the run's techniques adapt what the rank holds
     run_setups(spec, pp, stages)       # kinds that bring parameters of their own add them here
     params = stages.parameters()
+    sample, run.report["meter"] = sampled_forwards(spec, plan)   # the forwards the meter hooks
     optimizer = torch.optim.AdamW(params, lr=spec.lr) if spec.steps > 1 else None
     # The progress bar shows the loss of the first route's microbatches (all of them but on a
     # bidirectional schedule).
@@ -103,7 +105,7 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
         # this replica's share of the batch
         inputs, targets = take_rows(inputs, rows), take_rows(targets, rows)
         stages.zero_grad()
-        meter = ActivationMeter(params)
+        meter = ActivationMeter(params, sample)
         state = StepState(sched, stages, inputs, targets, meter)
         state.replicas = mesh.dp
         state.dp_group = process_group(mesh.dp_group(pp, shard)) if mesh.dp > 1 else None
@@ -293,12 +295,15 @@ def _run_parts(state: StepState, wires, arrived: dict, log: list, inside: list):
     (part, start, end, what)."""
     _shapes, parts, braided = wires
     runners = []
+    meter = state.meter
     for part, run, sources, braid in parts:
         inputs = {name: arrived.pop(key) if where == "recv" else state.take_local(key)
                   for name, (where, key) in sources}
-        if not braided:
+        if not braided:                 # (a braided run hooks every forward: sampling.py)
             logged = len(log)
+            meter.begin(part)           # the sampled meter records or replays the part
             out = run(state, part, inputs)
+            meter.end()
             inside += [(part, *entry) for entry in log[logged:]]
             yield part, out
             continue

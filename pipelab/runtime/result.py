@@ -73,6 +73,9 @@ class RunResult:
     # The technique hooks the run entered (runtime/techniques.py), as (phase, technique): under
     # -1 the parent's (prepare, assemble), under each process rank its own (setup, step).
     walk: dict[int, list[tuple[str, str]]] = field(default_factory=dict)
+    # Per process, how its activation meter counted: "sampled: 0F0 hooked" (the forwards it
+    # hooked, the others counted from them) or "full: <why every forward was hooked>"
+    meter: dict[int, str] = field(default_factory=dict)
 
     @property
     def load_line(self) -> str:
@@ -472,6 +475,7 @@ def assemble(spec: RunSpec, reports: list[dict], wall_time: float = 0.0) -> RunR
     assembly = Assembly(spec, reports, replicas, every, result, t0, last)
     assemble_all(spec.techniques, assembly)
     result.walk = {-1: list(walk), **{rep["rank"]: rep.get("walk", []) for rep in every}}
+    result.meter = {rep["rank"]: rep.get("meter", "") for rep in every}
     if spec.check and spec.gradient_check:
         # A parameter split over ranks (a vocabulary shard) sums its shards; the copies of a
         # weight replica's part are each checked (after their sum, each must hold the whole

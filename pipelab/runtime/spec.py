@@ -29,6 +29,9 @@ from .techniques import prepare_all
 from ..model.footprint import check_run
 from ..schedules.reductions import REPLICA_SUM
 
+#: How the activation meter counts (RunSpec.meter): one hooked forward per stage, or every one.
+METERS = ("sampled", "full")
+
 #: Test hooks: make an action hang, raise, or lose the messages it sends.
 INJECTIONS = ("stall", "raise", "drop", "lag")
 
@@ -61,6 +64,9 @@ class RunSpec:
     # A model source other than the toy GPT: {layer: Boundary} for each stage boundary (after
     # that layer), measured in the parent by running the stack once; None: the GPT's boundary.
     boundaries: dict | None = None
+    # "sampled": the activation meter hooks one forward per stage where that is exact, "full":
+    # every forward (meter.py, sampling.py); the figures are the same, the cost is not
+    meter: str = "sampled"
 
     @property
     def model(self) -> ModelSource:
@@ -297,7 +303,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
                 recompute=None, tensor_parallel: int = 1, expert_parallel: int = 1,
-                link=None) -> RunSpec:
+                link=None, _meter: str = "sampled") -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
@@ -306,11 +312,15 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     the schedule) checks its own keywords and adapts the run in its prepare hook
     (runtime/techniques.py): with data_parallel > 1 the gradient all-reduces are inserted,
     `expert_parallel` divides the experts over the data-parallel group, `recompute` adds R
-    actions. `link` (a pl.Link) makes every message and collective wait as on it."""
+    actions. `link` (a pl.Link) makes every message and collective wait as on it. `_meter`
+    ("sampled" or "full"): how the activation meter counts (meter.py), for tests and ablations."""
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
     link = check_link(link)
+    if _meter not in METERS:
+        raise ValueError(f"_meter={_meter!r}: the activation meter is 'sampled' (one hooked "
+                         f"forward per stage, the default) or 'full' (every forward hooked)")
     dp = positive_int("data_parallel", data_parallel)
     tp = positive_int("tensor_parallel", tensor_parallel)
     ep = positive_int("expert_parallel", expert_parallel)
@@ -362,7 +372,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     boundaries = _boundaries(cfg, bounds, batch_size, m * dp, seed) if custom else None
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    draft.partition_name, injections, plugins, dp, replica, draft.recompute, tp,
-                   ep, link, used, draft.gradient_check, draft.braided, boundaries)
+                   ep, link, used, draft.gradient_check, draft.braided, boundaries, _meter)
 
 
 def _boundaries(model, bounds: list[tuple[int, int]], batch_size: int, parts: int,
