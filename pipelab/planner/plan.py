@@ -58,7 +58,7 @@ from .ranked import Plan, runnable as _runnable
 from .rows import rows_of, with_recompute_rows
 from .shaped import GPUS_PER_NODE, ShapedModel
 from ..techniques.recompute import with_recompute
-from ..schedules import SCHEDULES, schedule as make_schedule
+from ..schedules import SCHEDULES
 from ..schedules.gcpause import without_gc
 from ..schedules.registry import build as build_schedule
 from ..sim.device import Device
@@ -216,14 +216,15 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
 
 
 def _simulated(c: Candidate, source, costs) -> float:
-    """The candidate's step time: its schedule validated, with its all-reduces (and its R),
+    """The candidate's step time: its schedule with its all-reduces (and its R), validated,
     simulated on its costs: what the exhaustive search computes."""
     sched = _schedule(c.schedule, c.pipeline, c.microbatches, c.chunks, c.data_parallel)
     if sched is None:
         raise ValueError(f"{c.label()}: the generator of {c.schedule!r} made a schedule that "
                          f"does not validate")
-    if c.recompute != "none" and source.recompute_actions:
-        sched = with_recompute(sched).validate()
+    if c.recompute != "none" and source.recompute_actions:      # shared by the policies
+        sched = _recomputed(SCHEDULES[c.schedule], c.schedule, c.pipeline, c.microbatches,
+                            c.chunks, c.data_parallel)
     return simulate(sched, costs).makespan
 
 
@@ -319,20 +320,22 @@ def _schedule(name: str, p: int, m: int, v: int, dp: int):
 # Schedules are pure functions of their arguments, and building and validating the big ones
 # (V-Half's squeeze, the vocabulary passes' weave) costs more than simulating them: a plan and
 # its variations (another device, another budget) share them. Keyed on the generator, so a
-# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~200.
+# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~600.
 @lru_cache(maxsize=512)
 def _validated(generator, name: str, p: int, m: int, v: int, dp: int):
-    base = _built(generator, name, p, m, v)
+    """With its all-reduces, validated once (its candidates of every policy and tensor degree
+    share it, and the order validation finds, which the simulator reuses), or None."""
+    base = _generated(generator, name, p, m, v)
     try:
         return None if base is None else with_data_parallel(base, dp).validate()
     except ValueError:
         return None
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=512)
 def _generated(generator, name: str, p: int, m: int, v: int):
-    """The schedule as its generator makes it, not validated (the pruned search), or None
-    where the generator refuses the size."""
+    """The schedule as its generator makes it, not validated (validating it with its
+    all-reduces says the same), or None where the generator refuses the size."""
     try:
         return build_schedule(name, ranks=p, microbatches=m,
                               **({"chunks": v} if name in CHUNKED else {}))
@@ -340,13 +343,16 @@ def _generated(generator, name: str, p: int, m: int, v: int):
         return None
 
 
-@lru_cache(maxsize=256)
-def _built(generator, name: str, p: int, m: int, v: int):
-    try:
-        return make_schedule(name, ranks=p, microbatches=m,
-                             **({"chunks": v} if name in CHUNKED else {}))
-    except ValueError:
-        return None
+@lru_cache(maxsize=64)
+def _recomputed(generator, name: str, p: int, m: int, v: int, dp: int):
+    """`_validated` with its recomputations R, validated (the policies' candidates share it)."""
+    return with_recompute(_validated(generator, name, p, m, v, dp)).validate()
+
+
+def clear_caches() -> None:
+    """Forget the schedules built so far: the next plan starts cold (a benchmark's repeats)."""
+    for cache in (_validated, _generated, _recomputed):
+        cache.cache_clear()
 
 
 def _predict(c: Candidate, sched, source) -> None:

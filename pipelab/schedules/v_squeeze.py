@@ -43,15 +43,17 @@ def peak(plan: Plan) -> int:
     if "W" in plan:
         adds.update({slot: -1 for slot in plan["W"]})
     held = most = owed = 0
+    implicit = "W" not in plan
     for slot in range(max(max(plan[name]) for name in plan) + 1):
         if slot in adds:
             held += adds[slot]
+            if held > most:                # (not max(): a call per slot is this loop's cost)
+                most = held
         elif slot in backs:
             owed += 1
-        elif owed and "W" not in plan:     # an implicit W in a hole
+        elif owed and implicit:            # an implicit W in a hole
             owed -= 1
             held -= 1
-        most = max(most, held)
     return most
 
 
