@@ -56,6 +56,7 @@ class ShapedModel:
         self._splits: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         self._profiles: dict = {}       # what candidates share (_profiled), one each
         self._models: dict = {}
+        self._costs: dict = {}
 
     def max_stages(self, vocab: bool) -> int:
         """Every stage holds a block; without vocabulary parallelism the first and last may
@@ -107,7 +108,7 @@ class ShapedModel:
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""
-        key = (self._profiled(c), tuple(sched.placement), c.data_parallel)
+        key = (self._profiled(c), tuple(sched.placement))
         if key not in self._models:              # candidates of other families share it
             prof = self.profile(c)
             static = [0.0] * sched.ranks
@@ -122,7 +123,10 @@ class ShapedModel:
                      FREES_STASH: [(0.0, a) for a in acts],
                      KEEPS_SHARD: [(x, 0.0) for x in shard],
                      FREES_SHARD: [(0.0, x) for x in shard]}
-            self._models[key] = (Costs.per_stage(**prof.table, replicas=c.data_parallel),
-                                 static, table)
-        costs, static, table = self._models[key]
-        return costs, list(static), table
+            self._models[key] = static, table
+        timed = (key[0], c.data_parallel)       # costs do not depend on the placement
+        if timed not in self._costs:
+            self._costs[timed] = Costs.per_stage(**self.profile(c).table,
+                                                 replicas=c.data_parallel)
+        static, table = self._models[key]
+        return self._costs[timed], list(static), table
