@@ -8,9 +8,12 @@
 `plan` enumerates schedule × pipeline, data, tensor and expert degrees × microbatches × chunks ×
 recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules, and
 `v-half-vocab` for a shape: the embedding and output layer sharded over the pipeline ranks),
-predicts each candidate's step time with the simulator (one simulation per candidate) and its
-peak memory per rank in bytes with a byte model read along the simulated timeline, and ranks
-them by time.
+predicts each candidate's step time with the simulator and its peak memory per rank in bytes
+with a byte model, and ranks them by time. The memory of every candidate is read along its
+ranks' program order (peaks.py: what the timeline would say, with no timeline); the step
+times are simulated best-first by a closed-form lower bound (bound.py), until no bound can
+beat the best candidate that fits; the rest when something reads them (ranked.py). With
+`prune=False` every candidate is simulated and its memory read along its timeline.
 
 Where the costs and bytes come from is the plan's source, the one thing that differs between
 the two kinds of model (the search, the prediction and the ranking are this module's alone):
@@ -209,22 +212,21 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
                 if id(costs) not in chains:       # a source shares one costs object
                     chains[id(costs)] = costs, chain_costs(costs, len(order.placement), m)
                 c.bound = time_bound(order, chains[id(costs)][1], costs.message_time())
-                c.defer(partial(_simulated, c, source, costs))
+                c.defer(partial(_simulated, name, p, m, v, dp, again, costs))
             _judge(c, budget, source.unit)
             out.append(c)
     return out
 
 
-def _simulated(c: Candidate, source, costs) -> float:
-    """The candidate's step time: its schedule with its all-reduces (and its R), validated,
+def _simulated(name: str, p: int, m: int, v: int, dp: int, recomputed: bool, costs) -> float:
+    """A candidate's step time: its schedule with its all-reduces (and its R), validated,
     simulated on its costs: what the exhaustive search computes."""
-    sched = _schedule(c.schedule, c.pipeline, c.microbatches, c.chunks, c.data_parallel)
+    sched = _schedule(name, p, m, v, dp)
     if sched is None:
-        raise ValueError(f"{c.label()}: the generator of {c.schedule!r} made a schedule that "
-                         f"does not validate")
-    if c.recompute != "none" and source.recompute_actions:      # shared by the policies
-        sched = _recomputed(SCHEDULES[c.schedule], c.schedule, c.pipeline, c.microbatches,
-                            c.chunks, c.data_parallel)
+        raise ValueError(f"the generator of {name!r} made a schedule (p={p}, m={m}, v={v}, "
+                         f"dp={dp}) that does not validate")
+    if recomputed:                                              # shared by the policies
+        sched = _recomputed(SCHEDULES[name], name, p, m, v, dp)
     return simulate(sched, costs).makespan
 
 
