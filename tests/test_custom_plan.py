@@ -142,3 +142,11 @@ def test_llama_example_is_causal_and_rotary():
     a, b = ls.layers(3), ls.layers(3)
     assert all(torch.equal(p, r) for la, lb in zip(a, b)
                for p, r in zip(la.parameters(), lb.parameters()))
+
+
+def test_the_pruned_plan_is_the_exhaustive_one(cal):
+    """pl.plan prunes by default (tests/test_plan_prune.py); on a custom model's source too."""
+    from test_plan_prune import assert_same
+    kw = dict(calibration=cal, batch_size=8)
+    budget = sorted(c.peak_memory for c in pl.plan(MODEL, 2, 2**40, prune=False, **kw))[20]
+    assert_same(pl.plan(MODEL, 2, budget, **kw), pl.plan(MODEL, 2, budget, prune=False, **kw))

@@ -36,6 +36,13 @@ class CalibratedModel:
 
     def __init__(self, cal: Calibration, optimizer: str = "adamw"):
         self.calibration, self.cfg, self.optimizer = cal, cal.cfg, optimizer
+        # What a plan's candidates share, each keyed on what it depends on: a split (stages,
+        # rows), and a candidate's costs, bytes and static bytes (schedules of every family
+        # and microbatch count that give a stage as many rows share them).
+        self._splits: dict = {}
+        self._costs: dict = {}
+        self._tables: dict = {}
+        self._static: dict = {}
 
     def max_stages(self, vocab: bool) -> int:
         return self.cfg.total_layers
@@ -64,18 +71,30 @@ class CalibratedModel:
     def bounds(self, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
         """The contiguous split balancing the calibrated forward + backward time (with the
         vocabulary sharded, the embedding and head weigh nothing: every rank runs a shard)."""
-        cal, n = self.calibration, self.cfg.total_layers
-        weights = [0.0 if vocab and i in (0, n - 1) else
-                   cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
-                   for i in range(n)]
-        return balanced_bounds(weights, stages)
+        key = (stages, rows, vocab)
+        if key not in self._splits:
+            cal, n = self.calibration, self.cfg.total_layers
+            weights = [0.0 if vocab and i in (0, n - 1) else
+                       cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
+                       for i in range(n)]
+            self._splits[key] = balanced_bounds(weights, stages)
+        return self._splits[key]
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[int], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""
         cfg = self.cfg
-        static = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks, self.optimizer,
-                              c.vocab, c.tensor, c.expert)
-        table = action_bytes(cfg, c.bounds, c.rows, policies(c.recompute, cfg, c.bounds),
-                             c.vocab, c.tensor, c.expert)
-        return stage_costs(c, self.calibration), static, table
+        shard = (tuple(c.bounds), c.vocab, c.tensor, c.expert)      # what every part reads
+        held = shard + (tuple(sched.placement),)
+        if held not in self._static:
+            self._static[held] = static_bytes(cfg, c.bounds, sched.stages_of, sched.ranks,
+                                              self.optimizer, c.vocab, c.tensor, c.expert)
+        kept = shard + (c.rows, c.recompute)
+        if kept not in self._tables:
+            self._tables[kept] = action_bytes(cfg, c.bounds, c.rows,
+                                              policies(c.recompute, cfg, c.bounds), c.vocab,
+                                              c.tensor, c.expert)
+        timed = kept + (c.pipeline, c.data_parallel)   # the vocabulary passes, the all-reduce
+        if timed not in self._costs:
+            self._costs[timed] = stage_costs(c, self.calibration)
+        return self._costs[timed], list(self._static[held]), self._tables[kept]
 

@@ -40,6 +40,8 @@ class CustomPlanned:
             raise ValueError(f"optimizer must be 'adamw' or 'sgd', got {optimizer!r}")
         self.calibration, self.custom, self.optimizer = cal, cal.model, optimizer
         self.cfg = None               # not a ModelConfig (Plan reads it)
+        self._splits: dict = {}       # what a plan's candidates share, by what it depends on
+        self._models: dict = {}
 
     def max_stages(self, vocab: bool) -> int:
         return self.calibration.layers
@@ -56,13 +58,22 @@ class CustomPlanned:
 
     def bounds(self, stages: int, rows: int, vocab: bool = False) -> list[tuple[int, int]]:
         """The contiguous split balancing the measured F + I + W at `rows` rows."""
-        cal = self.calibration
-        weights = [cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
-                   for i in range(cal.layers)]
-        return balanced_bounds(weights, stages)
+        if (stages, rows) not in self._splits:
+            cal = self.calibration
+            weights = [cal.forward_time(i, i + 1, rows) + sum(cal.backward_time(i, i + 1, rows))
+                       for i in range(cal.layers)]
+            self._splits[stages, rows] = balanced_bounds(weights, stages)
+        return self._splits[stages, rows]
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""
+        key = (tuple(c.bounds), c.rows, c.recompute, tuple(sched.placement), c.data_parallel)
+        if key not in self._models:          # candidates of other families share it
+            self._models[key] = self._model(c, sched)
+        costs, static, table = self._models[key]
+        return costs, list(static), table
+
+    def _model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         cal, rows = self.calibration, c.rows
         F, I, W, R, table = [], [], [], [], {rule: [] for rule in
                                              (KEEPS, RESTORES, FREES, FREES_BUT_STASH, FREES_STASH)}

@@ -8,9 +8,12 @@
 `plan` enumerates schedule × pipeline, data, tensor and expert degrees × microbatches × chunks ×
 recomputation policy × vocabulary parallelism (the `vocab-1`/`vocab-2` schedules, and
 `v-half-vocab` for a shape: the embedding and output layer sharded over the pipeline ranks),
-predicts each candidate's step time with the simulator (one simulation per candidate) and its
-peak memory per rank in bytes with a byte model read along the simulated timeline, and ranks
-them by time.
+predicts each candidate's step time with the simulator and its peak memory per rank in bytes
+with a byte model, and ranks them by time. The memory of every candidate is read along its
+ranks' program order (peaks.py: what the timeline would say, with no timeline); the step
+times are simulated best-first by a closed-form lower bound (bound.py), until no bound can
+beat the best candidate that fits; the rest when something reads them (ranked.py). With
+`prune=False` every candidate is simulated and its memory read along its timeline.
 
 Where the costs and bytes come from is the plan's source, the one thing that differs between
 the two kinds of model (the search, the prediction and the ranking are this module's alone):
@@ -37,9 +40,8 @@ bytes, activations bounded by the experts' capacity (memory_moe.py).
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from itertools import product, repeat
-from operator import itemgetter
+from functools import lru_cache, partial
+from itertools import product
 
 import numpy as np
 
@@ -50,14 +52,18 @@ from ..model.custom import CustomModel
 from ..checks import at_most, names, positive_int, positive_ints
 from ..model.gpt import ModelConfig
 from ..techniques import with_data_parallel
+from .bound import chain_costs, time_bound
 from .calibrated import POLICIES, SCHEDULE_NAMES, UNPLANNABLE, CalibratedModel  # noqa: F401
 from .candidate import CHUNKED, FIXED_CHUNKS, GB, MiB, VOCAB, Candidate  # noqa: F401
 from .mesh import divisors
+from .peaks import activation_peaks, kind_table, order_peaks  # noqa: F401 (activation_peaks)
+from .ranked import Plan, runnable as _runnable
+from .rows import rows_of, with_recompute_rows
 from .shaped import GPUS_PER_NODE, ShapedModel
 from ..techniques.recompute import with_recompute
-from ..schedules import SCHEDULES, Action, schedule as make_schedule
+from ..schedules import SCHEDULES
 from ..schedules.gcpause import without_gc
-from ..schedules.kinds import byte_rules
+from ..schedules.registry import build as build_schedule
 from ..sim.device import Device
 from ..sim.shape import ModelShape
 from ..sim.simulate import simulate
@@ -69,97 +75,31 @@ MAX_DEVICES = 2**20
 MAX_BATCH = 2**24
 
 
-class Plan(list):
-    """Candidates ranked by predicted step time (fastest first), fitting or not."""
-
-    def __init__(self, candidates, source, devices: int, budget: float, batch_size: int):
-        super().__init__(sorted(candidates, key=lambda c: (c.step_time, c.peak_memory)))
-        self.source = source
-        self.calibration = getattr(source, "calibration", None)     # a config's plan
-        self.cfg = getattr(source, "cfg", None)
-        self.shape = getattr(source, "shape", None)                  # a shape's plan
-        self.device = getattr(source, "device", None)
-        self.devices, self.budget, self.batch_size = devices, budget, batch_size
-
-    def timeline(self, candidate: Candidate):
-        """The simulated step the prediction read (with its all-reduces)."""
-        sched = _runnable(candidate, self.source)
-        return simulate(sched, self.source.model(candidate, sched)[0])
-
-    @property
-    def fitting(self) -> list[Candidate]:
-        return [c for c in self if c.fits]
-
-    @property
-    def best(self) -> Candidate:
-        """The fastest candidate that fits; ValueError saying what would be needed if none."""
-        fitting = self.fitting
-        if not fitting:
-            raise ValueError(self.nothing_fits())
-        return fitting[0]
-
-    def _size(self, nbytes: float) -> str:
-        name, size = self.source.unit
-        return f"{nbytes / size:.1f} {name}"
-
-    def nothing_fits(self) -> str:
-        smallest = min(self, key=lambda c: c.peak_memory)
-        return (f"nothing fits in memory_per_device={self._size(self.budget)} on "
-                f"{self.devices} device(s): the smallest predicted peak is "
-                f"{self._size(smallest.peak_memory)} ({smallest.label()}); give each device "
-                f"at least that much, or more devices")
-
-    def frontier(self) -> list[Candidate]:
-        """The Pareto frontier of (step time, peak memory): no other candidate is at least as
-        fast and as small and better in one. By increasing memory."""
-        out: list[Candidate] = []
-        for c in sorted(self, key=lambda c: (c.peak_memory, c.step_time)):
-            if not out or c.step_time < out[-1].step_time:
-                out.append(c)
-        return out
-
-    def explain(self) -> str:
-        """One sentence on the choice: what it is, and what memory ruled out, if anything."""
-        if not self.fitting:
-            return self.nothing_fits()
-        best, fastest = self.best, self[0]
-        name, size = self.source.unit
-        head = (f"{best.label()} is predicted fastest of the {len(self.fitting)} of {len(self)} "
-                f"candidates that fit ({best.step_time * 1e3:.2f} ms per step, peak "
-                f"{best.peak_memory / size:.1f} of {self.budget / size:.1f} {name} per device)")
-        if fastest is best:
-            return head + "; memory does not bind: it is the fastest of all."
-        return head + (f"; the faster {fastest.label()} ({fastest.step_time * 1e3:.2f} ms) "
-                       f"does not fit: {fastest.reason}.")
-
-    def table(self, rows: int = 12) -> str:
-        name, size = self.source.unit
-        lines = [f"{'rank':>4}  {'candidate':<52} {'ms/step':>8} {'peak ' + name:>9}  fits",
-                 *(f"{i:>4}  {c.label():<52} {c.step_time * 1e3:8.2f} "
-                   f"{c.peak_memory / size:9.2f}  {'yes' if c.fits else 'no'}"
-                   for i, c in enumerate(self[:rows]))]
-        return "\n".join(lines)
-
-    def __repr__(self) -> str:
-        return f"Plan({len(self)} candidates, {len(self.fitting)} fit)"
-
-    __str__ = table
-
-
 @without_gc       # ~10^6 short-lived tuples per sweep, no cycles: collecting them is waste
 def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per_device: float,
          *, batch_size: int | None = None,
          calibration: Calibration | CustomCalibration | None = None,
          device: Device | None = None, gpus_per_node: int = GPUS_PER_NODE,
          schedules=None, recompute=None, chunks=(2,), microbatches=None,
-         optimizer: str = "adamw") -> Plan:
+         optimizer: str = "adamw", prune: bool = True) -> Plan:
     """Every candidate for training `model` on `devices` with `memory_per_device` bytes each,
     predicted and ranked by step time. `model`: a `pl.ModelConfig` or a `pl.CustomModel`
     (costs from `calibration`, measured here if not given) or a `pl.ModelShape` (costs from `device`, an A100-80GB unless
     given; tensor parallelism within `gpus_per_node`). `batch_size` sequences per step
     (default 8 per device); `microbatches`: the counts to try (default every divisor of a
     replica's batch); `chunks`: stages per rank for the schedules that interleave; `schedules`
-    and `recompute` default to every one the model's source plans."""
+    and `recompute` default to every one the model's source plans.
+
+    `prune` (default True): simulate only the candidates that could be the best. Every
+    candidate's peak memory is computed (it does not need a timeline); the step times are
+    simulated best-first by a lower bound (bound.py), and the search stops at the first bound
+    above the best fitting time found: no other candidate can beat it. The others are simulated
+    when read (`Candidate.step_time`, `Plan.table`, `frontier`, iteration); what the plan
+    says is the exhaustive search's, to the bit. `prune=False`: simulate every candidate at
+    once, reading its memory along its timeline (the reference the tests compare with)."""
+    if not isinstance(prune, bool):
+        raise ValueError(f"prune must be True (simulate only what could be best) or False "
+                         f"(simulate every candidate), got {prune!r}")
     kind = _kind(model, calibration, device, gpus_per_node, optimizer)
     schedules, recompute, chunks, microbatches = _check(
         kind, devices, memory_per_device, schedules, recompute, chunks, microbatches)
@@ -181,13 +121,31 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
                              gpus_per_node)
-    out, mesh = [], list(source.meshes(devices, batch_size))
+    mesh = list(source.meshes(devices, batch_size))
     if not mesh:
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
                          f"be factored as pipeline × data × tensor: p must be at most "
                          f"{source.max_stages(False)} (one layer a stage), dp must divide "
                          f"batch_size, tp must {source.tensor_rule}; try a batch_size that "
                          f"more device counts divide, or another number of devices")
+    search = _pruned if prune else _exhaustive
+    out = search(source, _shapes(source, mesh, schedules, chunks, microbatches, batch_size),
+                 recompute, memory_per_device)
+    if not out:
+        asked = "" if microbatches is None else (
+            f" and microbatches={list(microbatches)} (each must divide a replica's "
+            f"batch_size / data-parallel degree)")
+        raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices}{asked} "
+                         f"no schedule of {list(schedules)} can be built")
+    ranked = Plan(out, source, devices, memory_per_device, batch_size)
+    if any(c.fits for c in out):
+        ranked.best                # found now, best-first: the rest wait until something reads them
+    return ranked
+
+
+def _shapes(source, mesh, schedules, chunks, microbatches, batch_size):
+    """(schedule, p, dp, tp, ep, m, v, rows per microbatch) of every candidate the source
+    allows, in the search's order, before asking whether the schedule exists at that size."""
     for p, dp, tp, ep in mesh:
         per_replica = batch_size // dp
         tried = microbatches if microbatches is not None else divisors(per_replica)
@@ -199,29 +157,82 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
                     continue                     # interleaving needs a pipeline to interleave
                 if vocab and not source.shards_vocabulary(p, dp, tp):
                     continue                     # shards over 2+ ranks (config: no dp, tp)
-                sched = _schedule(name, p, m, v, dp)
-                if sched is None:
-                    continue                     # the schedule does not exist at this size
-                bounds = source.bounds(p * v, per_replica // m, vocab)
-                again = None                     # the schedule with its recomputations R
-                for policy in source.policies(recompute, tp):
-                    c = Candidate(name, p, dp, m, v, policy, per_replica // m, bounds, tp, ep)
-                    run = sched
-                    if policy != "none" and source.recompute_actions:
-                        if again is None:
-                            again = with_recompute(sched).validate()
-                        run = again
-                    _predict(c, run, source)
-                    c.fits = c.peak_memory <= memory_per_device
-                    c.reason = "" if c.fits else _why_not(c, memory_per_device, source.unit)
-                    out.append(c)
-    if not out:
-        asked = "" if microbatches is None else (
-            f" and microbatches={list(microbatches)} (each must divide a replica's "
-            f"batch_size / data-parallel degree)")
-        raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices}{asked} "
-                         f"no schedule of {list(schedules)} can be built")
-    return Plan(out, source, devices, memory_per_device, batch_size)
+                yield name, p, dp, tp, ep, m, v, per_replica // m
+
+
+def _exhaustive(source, shapes, recompute, budget: float) -> list[Candidate]:
+    """Every candidate simulated, its memory read along its timeline (`prune=False`)."""
+    out = []
+    for name, p, dp, tp, ep, m, v, rows in shapes:
+        sched = _schedule(name, p, m, v, dp)
+        if sched is None:
+            continue                             # the schedule does not exist at this size
+        bounds = source.bounds(p * v, rows, name in VOCAB)
+        again = None                             # the schedule with its recomputations R
+        for policy in source.policies(recompute, tp):
+            c = Candidate(name, p, dp, m, v, policy, rows, bounds, tp, ep)
+            run = sched
+            if policy != "none" and source.recompute_actions:
+                if again is None:
+                    again = with_recompute(sched).validate()
+                run = again
+            _predict(c, run, source)
+            _judge(c, budget, source.unit)
+            out.append(c)
+    return out
+
+
+def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
+    """Every candidate's memory (along its ranks' program order, peaks.py) and a lower bound on
+    its step time (bound.py), each from its schedule's rows; simulations left to the plan, which
+    runs them best-first (ranked.py). A schedule that exists at a size is generated once; it is
+    validated only where it is simulated (the registered generators make valid schedules: the
+    plan's length is the exhaustive search's, tests/test_plan_prune.py)."""
+    out, made, chains = [], {}, {}
+    for name, p, dp, tp, ep, m, v, rows in shapes:
+        key = (name, p, m, v)
+        if key not in made:
+            base = _generated(SCHEDULES[name], name, p, m, v)
+            made[key] = None if base is None else [rows_of(base), None]
+        if made[key] is None:
+            continue                             # the schedule does not exist at this size
+        bounds = source.bounds(p * v, rows, name in VOCAB)
+        for policy in source.policies(recompute, tp):
+            c = Candidate(name, p, dp, m, v, policy, rows, bounds, tp, ep)
+            again = policy != "none" and source.recompute_actions
+            order = made[key][again]
+            if order is None and again and made[key][0] is not None:
+                order = made[key][1] = with_recompute_rows(made[key][0])
+            if order is None:                    # a compound step: the timeline says it all
+                _predict(c, _runnable(c, source), source)
+            else:
+                costs, c.static, table = source.model(c, order)
+                c.activation_peak = order_peaks(order, kind_table(table))
+                c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
+                if id(costs) not in chains:       # a source shares one costs object
+                    chains[id(costs)] = costs, chain_costs(costs, len(order.placement), m)
+                c.bound = time_bound(order, chains[id(costs)][1], costs.message_time())
+                c.defer(partial(_simulated, name, p, m, v, dp, again, costs))
+            _judge(c, budget, source.unit)
+            out.append(c)
+    return out
+
+
+def _simulated(name: str, p: int, m: int, v: int, dp: int, recomputed: bool, costs) -> float:
+    """A candidate's step time: its schedule with its all-reduces (and its R), validated,
+    simulated on its costs: what the exhaustive search computes."""
+    sched = _schedule(name, p, m, v, dp)
+    if sched is None:
+        raise ValueError(f"the generator of {name!r} made a schedule (p={p}, m={m}, v={v}, "
+                         f"dp={dp}) that does not validate")
+    if recomputed:                                              # shared by the policies
+        sched = _recomputed(SCHEDULES[name], name, p, m, v, dp)
+    return simulate(sched, costs).makespan
+
+
+def _judge(c: Candidate, budget: float, unit: tuple[str, float]) -> None:
+    c.fits = c.peak_memory <= budget
+    c.reason = "" if c.fits else _why_not(c, budget, unit)
 
 
 def _splittable(what: str, layers: int) -> None:
@@ -311,73 +322,49 @@ def _schedule(name: str, p: int, m: int, v: int, dp: int):
 # Schedules are pure functions of their arguments, and building and validating the big ones
 # (V-Half's squeeze, the vocabulary passes' weave) costs more than simulating them: a plan and
 # its variations (another device, another budget) share them. Keyed on the generator, so a
-# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~200.
+# name registered anew builds afresh; bounded, as one plan of 16 devices builds ~600.
 @lru_cache(maxsize=512)
 def _validated(generator, name: str, p: int, m: int, v: int, dp: int):
-    base = _built(generator, name, p, m, v)
+    """With its all-reduces, validated once (its candidates of every policy and tensor degree
+    share it, and the order validation finds, which the simulator reuses), or None."""
+    base = _generated(generator, name, p, m, v)
     try:
         return None if base is None else with_data_parallel(base, dp).validate()
     except ValueError:
         return None
 
 
-@lru_cache(maxsize=256)
-def _built(generator, name: str, p: int, m: int, v: int):
+@lru_cache(maxsize=512)
+def _generated(generator, name: str, p: int, m: int, v: int):
+    """The schedule as its generator makes it, not validated (validating it with its
+    all-reduces says the same), or None where the generator refuses the size."""
     try:
-        return make_schedule(name, ranks=p, microbatches=m,
-                             **({"chunks": v} if name in CHUNKED else {}))
+        return build_schedule(name, ranks=p, microbatches=m,
+                              **({"chunks": v} if name in CHUNKED else {}))
     except ValueError:
         return None
 
 
-def _runnable(c: Candidate, source):
-    """The candidate's schedule as the prediction simulates it: its all-reduces, and its
-    recomputations where the source places them as actions."""
-    sched = with_data_parallel(c.build(), c.data_parallel)
-    if c.recompute != "none" and source.recompute_actions:
-        sched = with_recompute(sched)
-    return sched
+@lru_cache(maxsize=64)
+def _recomputed(generator, name: str, p: int, m: int, v: int, dp: int):
+    """`_validated` with its recomputations R, validated (the policies' candidates share it)."""
+    return with_recompute(_validated(generator, name, p, m, v, dp)).validate()
+
+
+def clear_caches() -> None:
+    """Forget the schedules built so far: the next plan starts cold (a benchmark's repeats)."""
+    for cache in (_validated, _generated, _recomputed):
+        cache.cache_clear()
 
 
 def _predict(c: Candidate, sched, source) -> None:
+    """Simulate the candidate's step and read its memory along the timeline (the exhaustive
+    search's way)."""
     costs, c.static, table = source.model(c, sched)
     tl = simulate(sched, costs)
     c.step_time = tl.makespan
-    # Each kind's bytes are those of its spec's byte rule.
-    c.activation_peak = activation_peaks(tl, {kind: tuple(np.array(table[rule]).T)
-                                              for kind, rule in byte_rules().items()
-                                              if rule in table})
+    c.activation_peak = activation_peaks(tl, kind_table(table))
     c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
-
-
-def activation_peaks(timeline, table: dict[str, tuple[np.ndarray, np.ndarray]]) -> list[int]:
-    """Peak live activation bytes per rank along a timeline, `table[kind] = (added at start,
-    released at end)` per stage. At one instant, releases count before additions."""
-    parts = [(e[0], part, e[2], e[3]) for e in timeline.events for part in e[1].parts] \
-        if set(map(type, map(itemgetter(1), timeline.events))) != {Action} else timeline.events
-    n, kinds = len(parts), list(table)
-    code = {kind: i for i, kind in enumerate(kinds)}
-    action = list(map(itemgetter(1), parts))
-    kind = np.fromiter(map(code.get, map(itemgetter(1), action), repeat(-1)), np.int64, n)
-    stage = np.fromiter(map(itemgetter(0), action), np.int64, n)
-    rank = np.fromiter(map(itemgetter(0), parts), np.int64, n)
-    start, end = (np.fromiter(map(itemgetter(i), parts), float, n) for i in (2, 3))
-    mine = kind >= 0
-    kind, stage, rank, start, end = kind[mine], stage[mine], rank[mine], start[mine], end[mine]
-    add = np.array([table[k][0] for k in kinds])[kind, stage]
-    release = np.array([table[k][1] for k in kinds])[kind, stage]
-    rank, when = np.concatenate((rank, rank)), np.concatenate((start, end))
-    delta = np.concatenate((add, -release))
-    first = np.concatenate((np.ones(len(add)), np.zeros(len(release))))   # releases first
-    sort = np.lexsort((first, when, rank))
-    rank, level = rank[sort], np.cumsum(delta[sort])
-    peaks = [0] * timeline.ranks
-    bounds = np.searchsorted(rank, np.arange(timeline.ranks + 1))
-    for r in range(timeline.ranks):
-        a, b = bounds[r], bounds[r + 1]
-        if b > a:                        # the level before this rank's first change is a's
-            peaks[r] = int(max(0, (level[a:b] - (level[a - 1] if a else 0)).max()))
-    return peaks
 
 
 def _why_not(c: Candidate, budget: float, unit: tuple[str, float]) -> str:

@@ -54,6 +54,9 @@ class ShapedModel:
         self.block = sum(probe[k][0] for k in "FIW") / shape.layers
         self.head = sum(probe[k][1] for k in "FIW")
         self._splits: dict[tuple[int, bool], list[tuple[int, int]]] = {}
+        self._profiles: dict = {}       # what candidates share (_profiled), one each
+        self._models: dict = {}
+        self._costs: dict = {}
 
     def max_stages(self, vocab: bool) -> int:
         """Every stage holds a block; without vocabulary parallelism the first and last may
@@ -89,24 +92,41 @@ class ShapedModel:
 
     def profile(self, c: Candidate):
         """shape_profile for the candidate: its blocks per stage, microbatch, tp, policy."""
+        key = self._profiled(c)
+        if key not in self._profiles:
+            rows, blocks, tensor, policy, passes, ranks = key
+            self._profiles[key] = shape_profile(self.shape, rows, len(blocks), self.device,
+                                                tensor, policy, passes, list(blocks),
+                                                ranks=ranks)
+        return self._profiles[key]
+
+    def _profiled(self, c: Candidate) -> tuple:
+        """What the candidate's profile depends on (beyond the shape and the device)."""
         n = self.shape.layers
-        blocks = [min(b, n + 1) - max(a, 1) for a, b in c.bounds]
-        return shape_profile(self.shape, c.rows, len(c.bounds), self.device, c.tensor,
-                             c.recompute, VOCAB_PASSES.get(c.schedule), blocks,
-                             ranks=c.pipeline)
+        blocks = tuple(min(b, n + 1) - max(a, 1) for a, b in c.bounds)
+        return c.rows, blocks, c.tensor, c.recompute, VOCAB_PASSES.get(c.schedule), c.pipeline
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""
-        prof = self.profile(c)
-        static = [0.0] * sched.ranks
-        for stage, rank in enumerate(sched.placement):
-            static[rank] += prof.static_bytes[stage]
-        # vocabulary schedules run rank r's shard passes S and T on stage r
-        shard = [prof.shard_bytes if s < c.pipeline else 0.0 for s in range(len(c.bounds))]
-        acts = prof.activation_bytes
-        # I frees nothing, W all (i_frees = 0); recomputation has no R action here
-        table = {KEEPS: [(a, 0.0) for a in acts], FREES: [(0.0, a) for a in acts],
-                 FREES_BUT_STASH: [(0.0, 0.0) for _ in acts],
-                 FREES_STASH: [(0.0, a) for a in acts],
-                 KEEPS_SHARD: [(x, 0.0) for x in shard], FREES_SHARD: [(0.0, x) for x in shard]}
-        return Costs.per_stage(**prof.table, replicas=c.data_parallel), static, table
+        key = (self._profiled(c), tuple(sched.placement))
+        if key not in self._models:              # candidates of other families share it
+            prof = self.profile(c)
+            static = [0.0] * sched.ranks
+            for stage, rank in enumerate(sched.placement):
+                static[rank] += prof.static_bytes[stage]
+            # vocabulary schedules run rank r's shard passes S and T on stage r
+            shard = [prof.shard_bytes if s < c.pipeline else 0.0 for s in range(len(c.bounds))]
+            acts = prof.activation_bytes
+            # I frees nothing, W all (i_frees = 0); recomputation has no R action here
+            table = {KEEPS: [(a, 0.0) for a in acts], FREES: [(0.0, a) for a in acts],
+                     FREES_BUT_STASH: [(0.0, 0.0) for _ in acts],
+                     FREES_STASH: [(0.0, a) for a in acts],
+                     KEEPS_SHARD: [(x, 0.0) for x in shard],
+                     FREES_SHARD: [(0.0, x) for x in shard]}
+            self._models[key] = static, table
+        timed = (key[0], c.data_parallel)       # costs do not depend on the placement
+        if timed not in self._costs:
+            self._costs[timed] = Costs.per_stage(**self.profile(c).table,
+                                                 replicas=c.data_parallel)
+        static, table = self._models[key]
+        return self._costs[timed], list(static), table

@@ -20,6 +20,12 @@ def register(name: str) -> Callable:
 
 def schedule(name: str, ranks: int, microbatches: int, **options):
     """Build, validate and return the named schedule."""
+    return build(name, ranks, microbatches, **options).validate()
+
+
+def build(name: str, ranks: int, microbatches: int, **options):
+    """The named schedule as its generator makes it, its arguments checked, not validated
+    (the planner validates only the schedules it simulates)."""
     if not isinstance(name, str):
         raise ValueError(f"name must be one schedule's name as a str (e.g. '1f1b'), got "
                          f"{type(name).__name__} {name!r:.60}; registered schedules: "
@@ -41,4 +47,4 @@ def schedule(name: str, ranks: int, microbatches: int, **options):
         # Every stage runs a forward and a backward (up to three actions) per microbatch.
         at_most("ranks × chunks × microbatches", ranks * chunks * microbatches,
                 MAX_ACTIONS // 3, "the schedule would hold too many actions")
-    return generator(ranks=ranks, microbatches=microbatches, **options).validate()
+    return generator(ranks=ranks, microbatches=microbatches, **options)

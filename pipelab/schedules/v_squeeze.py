@@ -17,6 +17,8 @@ simulator's `i_frees=0`). Without a W list, the W's are assumed to run in the ho
 """
 from __future__ import annotations
 
+from itertools import chain
+
 PASSES = ("F0", "F1", "I1", "I0", "W")
 Plan = dict[str, list[int]]       # one rank: pass → slot of its k-th action
 
@@ -39,19 +41,28 @@ def put_w_in_holes(plan: Plan) -> Plan:
 def peak(plan: Plan) -> int:
     """The rank's activation peak in chunk units; with no W list the W's fill the holes."""
     adds = {slot: +1 for slot in plan["F0"] + plan["F1"]}
-    backs = set(plan["I1"] + plan["I0"])
     if "W" in plan:
         adds.update({slot: -1 for slot in plan["W"]})
+        backs: set[int] = set()
+    else:
+        backs = set(plan["I1"] + plan["I0"]).difference(adds)   # a forward's slot is its own
     held = most = owed = 0
-    for slot in range(max(max(plan[name]) for name in plan) + 1):
-        if slot in adds:
-            held += adds[slot]
-        elif slot in backs:
-            owed += 1
-        elif owed and "W" not in plan:     # an implicit W in a hole
-            owed -= 1
-            held -= 1
-        most = max(most, held)
+    last = -1
+    # Slot by slot, but only where something happens (the squeeze asks this for every move
+    # it tries): each hole since the last such slot runs one owed W.
+    for slot in sorted(chain(adds, backs)):
+        if owed:
+            ran = min(owed, slot - last - 1)
+            owed -= ran
+            held -= ran
+        last = slot
+        change = adds.get(slot)
+        if change is None:
+            owed += 1                      # a backward: one W owed
+        else:
+            held += change
+            if held > most:
+                most = held
     return most
 
 

@@ -27,6 +27,8 @@ in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from .actions import Action, B, F
 from .base import Schedule
 from .graph import execution_order, timed_run
@@ -170,11 +172,18 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     # The embedding collectives ride along (every rank reaches a step at about the same time).
     lookups: dict[int, list] = {}
     ending = []
+    # For every j at once (m × m comparisons in numpy, not in Python): the last step due a
+    # period before stage 0's forward of j, and the first due after its input gradient.
+    due_at = np.array(due)
+    fwd = np.array([when[F(0, j)][0] for j in range(m)])
+    grads = np.array([when[base.input_grad_action(0, j)][1] for j in range(m)])
+    before = (due_at + period)[None, :] <= fwd[:, None]
+    after = due_at[None, :] >= grads[:, None]
+    last_before = np.where(before.any(1), m - 1 - before[:, ::-1].argmax(1), -1).tolist()
+    first_after = np.where(after.any(1), after.argmax(1), -1).tolist()
     for j in range(m):
-        earlier = [i for i in range(m) if due[i] + period <= when[F(0, j)][0]]
-        lookups.setdefault(earlier[-1] if earlier else -1, []).append(("Vf", j))
-        later = [i for i in range(m) if due[i] >= when[base.input_grad_action(0, j)][1]]
-        (steps[later[0]] if later else ending).append(("Vb", j))
+        lookups.setdefault(last_before[j], []).append(("Vf", j))
+        (steps[first_after[j]] if first_after[j] >= 0 else ending).append(("Vb", j))
     opening = lookups.pop(-1, [])
     for i, items in lookups.items():
         steps[i][:0] = items

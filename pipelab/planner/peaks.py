@@ -1,0 +1,83 @@
+"""Peak live activation bytes per rank, two ways that agree: along a simulated timeline
+(`activation_peaks`, what the exhaustive search reads) or along each rank's program order
+(`order_peaks`, what the pruned search reads, with no timeline at all).
+
+Why they agree: each kind's bytes are added when its action starts and released when it ends,
+and a rank runs its actions one after the other, in program order, each taking some time. So
+its events fall in the order +added₀, −released₀, +added₁, … whatever the costs: the timeline's
+sort (by time, releases first at one instant) lists them just so. `order_peaks` sums the same
+numbers in the same order, so it gives the same bytes to the last bit; tests/test_plan_prune.py
+holds the two equal on every candidate of a calibrated, a shaped and a custom plan. (An action
+that takes no time at all would break the argument: none of the planner's sources has one.)
+"""
+from __future__ import annotations
+
+from itertools import repeat
+from operator import itemgetter
+
+import numpy as np
+
+from ..schedules.actions import Action
+from ..schedules.kinds import byte_rules
+from .rows import KIND_NAMES, Rows
+
+Table = dict[str, tuple[np.ndarray, np.ndarray]]     # kind -> (added, released) per stage
+
+
+def kind_table(table: dict[str, list[tuple[float, float]]]) -> Table:
+    """A source's byte table (byte rule -> [(added, released)] per stage) as each kind's:
+    the bytes of its spec's rule."""
+    return {kind: tuple(np.array(table[rule]).T) for kind, rule in byte_rules().items()
+            if rule in table}
+
+
+def activation_peaks(timeline, table: Table) -> list[int]:
+    """Peak live activation bytes per rank along a timeline, `table[kind] = (added at start,
+    released at end)` per stage. At one instant, releases count before additions."""
+    parts = [(e[0], part, e[2], e[3]) for e in timeline.events for part in e[1].parts] \
+        if set(map(type, map(itemgetter(1), timeline.events))) != {Action} else timeline.events
+    n, kinds = len(parts), list(table)
+    code = {kind: i for i, kind in enumerate(kinds)}
+    action = list(map(itemgetter(1), parts))
+    kind = np.fromiter(map(code.get, map(itemgetter(1), action), repeat(-1)), np.int64, n)
+    stage = np.fromiter(map(itemgetter(0), action), np.int64, n)
+    rank = np.fromiter(map(itemgetter(0), parts), np.int64, n)
+    start, end = (np.fromiter(map(itemgetter(i), parts), float, n) for i in (2, 3))
+    mine = kind >= 0
+    kind, stage, rank, start, end = kind[mine], stage[mine], rank[mine], start[mine], end[mine]
+    add = np.array([table[k][0] for k in kinds])[kind, stage]
+    release = np.array([table[k][1] for k in kinds])[kind, stage]
+    rank, when = np.concatenate((rank, rank)), np.concatenate((start, end))
+    delta = np.concatenate((add, -release))
+    first = np.concatenate((np.ones(len(add)), np.zeros(len(release))))   # releases first
+    sort = np.lexsort((first, when, rank))
+    return _peaks(rank[sort], np.cumsum(delta[sort]), timeline.ranks)
+
+
+def order_peaks(rows: Rows, table: Table) -> list[int]:
+    """`activation_peaks` read along the ranks' program order (see the module's docstring)."""
+    kinds = list(table)
+    code = np.full(len(KIND_NAMES), -1, np.int64)
+    for i, kind in enumerate(kinds):
+        if kind in KIND_NAMES:
+            code[KIND_NAMES.index(kind)] = i
+    kind = code[rows.kind]
+    mine = kind >= 0
+    kind, stage, rank = kind[mine], rows.stage[mine], rows.rank[mine]
+    add = np.array([table[k][0] for k in kinds])[kind, stage]
+    release = np.array([table[k][1] for k in kinds])[kind, stage]
+    delta = np.empty(2 * len(add), np.result_type(add, release))
+    delta[0::2], delta[1::2] = add, -release          # +added, −released, action by action
+    return _peaks(np.repeat(rank, 2), np.cumsum(delta), rows.ranks)
+
+
+def _peaks(rank: np.ndarray, level: np.ndarray, ranks: int) -> list[int]:
+    """Each rank's highest level above where it started: `level` is the running sum over the
+    events of every rank, rank after rank."""
+    peaks = [0] * ranks
+    bounds = np.searchsorted(rank, np.arange(ranks + 1))
+    for r in range(ranks):
+        a, b = bounds[r], bounds[r + 1]
+        if b > a:                        # the level before this rank's first change is a's
+            peaks[r] = int(max(0, (level[a:b] - (level[a - 1] if a else 0)).max()))
+    return peaks
