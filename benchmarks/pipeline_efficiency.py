@@ -152,12 +152,14 @@ def speedup_verdict(single: list[float], piped: list[float], target: float, gap:
 def print_factors(rows: list[dict], single_work: float, single_step: float, p: int,
                   m: int) -> None:
     """Each row's speed-up taken apart (`factors`): p × split × balance × shape × messages ×
-    wall × (the single process's CPU over its own step) is the speed-up. `shape` is printed
+    wall ÷ the single process's own wall factor (its CPU over its step) is the speed-up (the
+    product of the medians, so close to the median speed-up, not equal). `shape` is printed
     beside the ideal's: the same schedule with every stage's work equal (1F1B's m/(m+p−1) for
     the flushing schedules)."""
-    print(f"where the step goes: speed-up = {p} × split × balance × shape × messages × wall × "
-          f"single CPU/step ({single_work / single_step:.3f}); shape beside the same schedule's "
-          f"with equal stages")
+    single_wall = single_work / single_step
+    print(f"where the step goes: speed-up = {p} × split × balance × shape × messages × wall ÷ "
+          f"the single process's wall ({single_wall:.3f}: its CPU over its step); shape beside "
+          f"the same schedule's with equal stages")
     head = (f"{'schedule':<17}{'split':>7}{'balance':>9}{'shape':>7}{'(equal)':>9}"
             f"{'messages':>10}{'wall':>7}{'product':>9}{'speed-up':>10}")
     print(head)
@@ -167,7 +169,7 @@ def print_factors(rows: list[dict], single_work: float, single_step: float, p: i
         split = single_work / f["work"]
         equal = _equal_shape(r["name"], p, m)
         product = (p * split * f["balance"] * f["shape"] * f["messages"] * f["wall"]
-                   * single_work / single_step)
+                   / single_wall)
         print(f"{r['name']:<17}{split:>7.3f}{f['balance']:>9.3f}{f['shape']:>7.3f}{equal:>9.3f}"
               f"{f['messages']:>10.3f}{f['wall']:>7.3f}{product:>9.2f}{r['speedup']:>10.2f}")
 
