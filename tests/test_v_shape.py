@@ -6,11 +6,14 @@ Units: costs are a rank's worth of layers (a chunk costs half); peaks count micr
 rank's layers (a chunk forward holds ½). Simulated unless the test says live."""
 from __future__ import annotations
 
+import random
+
 import pytest
 
 import pipelab as pl
 from pipelab.sim.compare import longest_span
 from pipelab.schedules.v_shape import INTERVAL, block_actions, v_half_block, v_min_block
+from pipelab.schedules.v_squeeze import peak
 
 CLOSED_PEAK = {"v-half": lambda p: (p + 2) // 2, "v-min": lambda p: (p + 4) // 3}
 RATIOS = [(1, 1, 1), (1, 1.5, 0.5), (1, 2, 1), (6, 5, 4)]
@@ -146,3 +149,36 @@ def test_memory_bubble_table_puts_the_closed_forms_beside_the_simulation():
     assert uneven["v-half"]["closed_bubble"] is None and uneven["zb-h1"]["closed_bubble"] is not None
     ax = plot_memory_bubble(list(rows.values()))
     assert "simulated" in ax.get_title()
+
+
+def _walked_peak(plan: dict) -> int:
+    """The definition, slot by slot: a forward adds one; a W frees one, in its listed slot or,
+    with no W list, in the first hole (free slot) after the backward that owes it."""
+    forwards, backwards = set(plan["F0"] + plan["F1"]), set(plan["I1"] + plan["I0"])
+    listed = set(plan.get("W", ()))
+    held = most = owed = 0
+    for slot in range(max(forwards | backwards | listed, default=-1) + 1):
+        if slot in forwards:
+            held += 1
+            most = max(most, held)
+        elif slot in listed:
+            held -= 1
+        elif "W" not in plan and slot in backwards:
+            owed += 1
+        elif owed and slot not in backwards:
+            owed, held = owed - 1, held - 1
+    return most
+
+
+def test_squeeze_peak_is_the_slot_by_slot_walk():
+    """v_squeeze.peak (array sums, asked for every move the squeeze tries) against the walk,
+    on random plans with one action a slot, with and without a W list."""
+    rng = random.Random(0)
+    for _ in range(3000):
+        n = rng.randint(1, 10)
+        listed = rng.random() < 0.5
+        slots = rng.sample(range(6 * n + 10), 5 * n if listed else 4 * n)
+        plan = {name: slots[i * n:(i + 1) * n] for i, name in enumerate(("F0", "F1", "I1", "I0"))}
+        if listed:
+            plan["W"] = slots[4 * n:]
+        assert peak(plan) == _walked_peak(plan), plan

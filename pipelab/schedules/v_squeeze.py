@@ -19,6 +19,8 @@ from __future__ import annotations
 
 from itertools import chain
 
+import numpy as np
+
 PASSES = ("F0", "F1", "I1", "I0", "W")
 Plan = dict[str, list[int]]       # one rank: pass → slot of its k-th action
 
@@ -26,7 +28,7 @@ Plan = dict[str, list[int]]       # one rank: pass → slot of its k-th action
 def put_w_in_holes(plan: Plan) -> Plan:
     """The plan with a W list: each W in the first free slot after the I it follows."""
     taken = {slot for name in PASSES[:4] for slot in plan[name]}
-    backwards = sorted(plan["I1"] + plan["I0"])
+    backwards = set(plan["I1"] + plan["I0"])
     slots, owed, slot = [], 0, 0
     for slot in range(max(taken) + 1):
         if slot in taken:
@@ -40,30 +42,56 @@ def put_w_in_holes(plan: Plan) -> Plan:
 
 def peak(plan: Plan) -> int:
     """The rank's activation peak in chunk units; with no W list the W's fill the holes."""
+    if "W" not in plan:
+        return _holes_peak(plan)
+    listed = _listed_peak(plan)
+    if listed is not None:
+        return listed
     adds = {slot: +1 for slot in plan["F0"] + plan["F1"]}
-    if "W" in plan:
-        adds.update({slot: -1 for slot in plan["W"]})
-        backs: set[int] = set()
-    else:
-        backs = set(plan["I1"] + plan["I0"]).difference(adds)   # a forward's slot is its own
-    held = most = owed = 0
-    last = -1
-    # Slot by slot, but only where something happens (the squeeze asks this for every move
-    # it tries): each hole since the last such slot runs one owed W.
-    for slot in sorted(chain(adds, backs)):
-        if owed:
-            ran = min(owed, slot - last - 1)
-            owed -= ran
-            held -= ran
-        last = slot
-        change = adds.get(slot)
-        if change is None:
-            owed += 1                      # a backward: one W owed
-        else:
-            held += change
-            if held > most:
-                most = held
+    adds.update({slot: -1 for slot in plan["W"]})      # a W on a forward's slot replaces it
+    held = most = 0
+    for slot in sorted(adds):
+        held += adds[slot]
+        most = max(most, held)
     return most
+
+
+def _holes_peak(plan: Plan) -> int:
+    """The peak of a plan without a W list: each backward owes one W, and the owed W's run in
+    the holes (free slots), oldest first. The W's run by the end of the k-th hole-run are a
+    queue's departures, min(owed, capacity) unrolled: G_k + min over j <= k of (A_j − G_j), with
+    G the holes so far and A the backwards before them; so the whole walk is array sums."""
+    forwards = set(plan["F0"]).union(plan["F1"])
+    if not forwards:
+        return 0
+    backwards = set(plan["I1"]).union(plan["I0"]).difference(forwards)   # a forward's slot is its own
+    slots = np.fromiter(chain(forwards, backwards), np.int64, len(forwards) + len(backwards))
+    is_back = np.zeros(len(slots), np.int64)
+    is_back[len(forwards):] = 1
+    order = np.argsort(slots)
+    slots, is_back = slots[order], is_back[order]
+    holes = np.cumsum(np.diff(slots, prepend=-1) - 1)   # free slots before each event
+    owed_before = np.cumsum(is_back) - is_back         # backwards before each event
+    ran = holes + np.minimum.accumulate(owed_before - holes)
+    held = np.cumsum(1 - is_back) - ran
+    return max(0, int(held[is_back == 0].max()))
+
+
+def _listed_peak(plan: Plan) -> int | None:
+    """The peak of a plan whose W's have slots: the highest running sum of +1 a forward and −1 a
+    W in slot order (the squeeze asks it for every move it tries, so in numpy). None when two
+    actions share a slot, which the slot-by-slot walk resolves."""
+    forwards = plan["F0"] + plan["F1"]
+    slots = np.array(forwards + plan["W"], dtype=np.int64)
+    if not len(slots):
+        return 0
+    change = np.ones(len(slots), np.int64)
+    change[len(forwards):] = -1
+    order = np.argsort(slots, kind="stable")
+    ordered = slots[order]
+    if (ordered[1:] == ordered[:-1]).any():
+        return None
+    return max(0, int(np.cumsum(change[order]).max()))
 
 
 def _earliest(plans: list[Plan], rank: int, name: str, k: int) -> int:
