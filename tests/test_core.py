@@ -133,6 +133,11 @@ def test_costs_is_a_table_by_kind_and_stage():
         pl.Costs().of("Zz", 0)
     with pytest.raises(ValueError, match=r"Costs.kinds\['SY'\] must be a finite number"):
         pl.Costs(kinds={"SY": float("nan")})
+    # per-stage lists of plain floats take a fast path: it must refuse what the slow one does
+    for bad in ([1.0, float("nan"), 2.0], [2.0, -0.5], [1.0, float("inf")], [0.5, -0.0 - 1e-300]):
+        with pytest.raises(ValueError, match=r"Costs.F must be a finite number"):
+            pl.Costs.per_stage(F=bad, I=1.0, W=1.0)
+    assert pl.Costs.per_stage(F=[1.0, 0.0], I=[1, 2], W=1.0).I == [1.0, 2.0]
 
 
 def test_fit_does_not_double_count_a_stage_that_mixes_b_with_i_and_w():

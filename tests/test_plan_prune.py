@@ -82,3 +82,26 @@ def test_a_shaped_plan_pruned_is_the_exhaustive_one():
 def test_prune_must_be_a_bool():
     with pytest.raises(ValueError, match="prune must be True"):
         pl.plan(CFG, 2, 2**30, calibration=synthetic(), prune="yes")
+
+
+def test_lone_step_times_are_step_time_stage_by_stage():
+    """The bound's per-stage step times under tensor parallelism (numpy, all stages at once)
+    are the simulator's `step_time` of each lone action, to the bit: with and without overlap,
+    all-reduces longer and shorter than W, zero on some stages, B costed by its spec (I + W)."""
+    import random
+
+    from pipelab.schedules.actions import Action
+    from pipelab.sim.tensor_overlap import lone_step_times, step_time
+    rng = random.Random(7)
+    for trial in range(60):
+        n = rng.randint(1, 9)
+        draw = lambda: [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(n)]   # noqa: E731
+        table = dict(F=[rng.uniform(0.1, 3) for _ in range(n)], I=draw(), W=draw(),
+                     tp_allreduce=draw(), tp_overlap=trial % 2 == 0)
+        if trial % 3 == 0:
+            table["B"] = draw()
+        costs = pl.Costs.per_stage(**table)
+        for kind in ("F", "B", "I", "W", "R"):          # B by its spec (I + W), R (F)
+            got = lone_step_times(costs, kind, n).tolist()
+            want = [step_time(costs, Action(s, kind, 0))[0] for s in range(n)]
+            assert got == want, (kind, table)

@@ -22,9 +22,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..schedules.actions import Action
 from ..sim.costs import Costs
-from ..sim.tensor_overlap import step_time as tp_step_time
+from ..sim.tensor_overlap import lone_step_times
 from ..techniques.data_parallel import reduction_of
 from ..techniques.recompute import RECOMPUTE
 from .rows import CODE, Rows
@@ -34,7 +33,7 @@ BACKWARD = ("B", "I")                         # a backward that passes its gradi
 GRADIENT = ("B", "I", "W")                    # after a stage's last, its all-reduce (dp > 1)
 
 
-def chain_costs(costs: Costs, stages: int, microbatches: int) -> np.ndarray | None:
+def chain_costs(costs: Costs, stages: int) -> np.ndarray | None:
     """Each CHAIN kind's time on each stage as the simulator takes it (under tensor
     parallelism, with the all-reduces it waits for), and a last row: each stage's gradient
     all-reduce over the replicas (0 without). None when the costs are not the planner's kind
@@ -44,39 +43,14 @@ def chain_costs(costs: Costs, stages: int, microbatches: int) -> np.ndarray | No
             or costs.overlap is not None:
         return None
     if costs.tensor_parallel:
-        rows = [_tp_stage_times(costs, kind, stages, microbatches) if _has(costs, kind)
-                else np.zeros(stages) for kind in CHAIN]
+        rows = [lone_step_times(costs, kind, stages) if _has(costs, kind) else np.zeros(stages)
+                for kind in CHAIN]
     else:
-        rows = [_per_stage(costs, kind, stages, microbatches) for kind in CHAIN]
+        rows = [costs.of_stages(kind, stages) if _has(costs, kind) else np.zeros(stages)
+                for kind in CHAIN]
     reduce = [costs.duration(reduction_of(s)) for s in range(stages)] \
         if (costs.replicas or 1) > 1 else [0.0] * stages
     return np.array(rows + [reduce])
-
-
-def _tp_stage_times(costs: Costs, kind: str, stages: int, microbatches: int) -> list[float]:
-    """One kind's step time on every stage under tensor parallelism (tensor_overlap.py), worked
-    out once per distinct (its cost, W's, the all-reduce's): balanced stages repeat them."""
-    times, seen = [], {}
-    for s in range(stages):
-        key = (costs.of(kind, s), costs.of("W", s) if _has(costs, "W") else None,
-               costs.of_tp_allreduce(s))
-        if key not in seen:
-            seen[key] = tp_step_time(costs, Action(s, kind, 0), microbatches)[0]
-        times.append(seen[key])
-    return times
-
-
-def _per_stage(costs: Costs, kind: str, stages: int, microbatches: int) -> np.ndarray:
-    """One kind's cost on every stage: read off the table where it holds the kind (what
-    `Costs.of` reads), else action by action as the simulator asks (0 where it has no cost)."""
-    value = getattr(costs, kind) if kind in ("F", "B", "I", "W") else costs.kinds.get(kind)
-    if isinstance(value, (int, float)):
-        return np.full(stages, float(value))
-    if isinstance(value, list) and len(value) >= stages:
-        return np.asarray(value[:stages], float)
-    if not _has(costs, kind):
-        return np.zeros(stages)
-    return np.array([costs.duration(Action(s, kind, 0), microbatches) for s in range(stages)])
 
 
 def time_bound(rows: Rows, cost: np.ndarray | None, comm: float) -> float:

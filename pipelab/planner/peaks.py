@@ -13,6 +13,7 @@ that takes no time at all would break the argument: none of the planner's source
 from __future__ import annotations
 
 from itertools import repeat
+from typing import NamedTuple
 from operator import itemgetter
 
 import numpy as np
@@ -54,21 +55,63 @@ def activation_peaks(timeline, table: Table) -> list[int]:
     return _peaks(rank[sort], np.cumsum(delta[sort]), timeline.ranks)
 
 
-def order_peaks(rows: Rows, table: Table) -> list[int]:
+class Stacked(NamedTuple):
+    """A `Table` as two arrays, kind (in `kinds`' order) × stage: what `order_peaks` gathers
+    from (made once per table: a plan's candidates share a handful of tables)."""
+    kinds: tuple[str, ...]
+    added: np.ndarray
+    released: np.ndarray
+
+
+def stacked(table: Table) -> Stacked:
+    kinds = tuple(table)
+    return Stacked(kinds, np.array([table[k][0] for k in kinds]),
+                   np.array([table[k][1] for k in kinds]))
+
+
+def order_peaks(rows: Rows, table: Stacked) -> list[int]:
     """`activation_peaks` read along the ranks' program order (see the module's docstring)."""
-    kinds = list(table)
-    code = np.full(len(KIND_NAMES), -1, np.int64)
-    for i, kind in enumerate(kinds):
-        if kind in KIND_NAMES:
-            code[KIND_NAMES.index(kind)] = i
-    kind = code[rows.kind]
-    mine = kind >= 0
-    kind, stage, rank = kind[mine], rows.stage[mine], rows.rank[mine]
-    add = np.array([table[k][0] for k in kinds])[kind, stage]
-    release = np.array([table[k][1] for k in kinds])[kind, stage]
+    events = _events(rows, table.kinds)
+    add = table.added[events.kind, events.stage]
+    release = table.released[events.kind, events.stage]
     delta = np.empty(2 * len(add), np.result_type(add, release))
     delta[0::2], delta[1::2] = add, -release          # +added, −released, action by action
-    return _peaks(np.repeat(rank, 2), np.cumsum(delta), rows.ranks)
+    level = np.cumsum(delta)
+    peaks = [0] * rows.ranks
+    if len(events.starts):
+        # each rank's highest level above the level before its first change (max(x − c) is
+        # max(x) − c in floats too: subtracting c rounds monotonically)
+        base = np.where(events.before >= 0, level[events.before], 0)
+        high = np.maximum(np.maximum.reduceat(level, events.starts) - base, 0)
+        for r, h in zip(events.ranks, high.tolist()):
+            peaks[r] = int(h)
+    return peaks
+
+
+class _Events(NamedTuple):
+    kind: np.ndarray      # each counted action's kind, an index in the table's kinds
+    stage: np.ndarray
+    starts: np.ndarray    # where each rank with counted actions begins, in the events (2 an action)
+    before: np.ndarray    # the event before that (−1: none)
+    ranks: list[int]      # those ranks
+
+
+def _events(rows: Rows, kinds: tuple[str, ...]) -> _Events:
+    """What `order_peaks` reads of the rows for a table of `kinds` (kept on the rows: the
+    candidates of a schedule share it)."""
+    if kinds not in rows.events:
+        code = np.full(len(KIND_NAMES), -1, np.int64)
+        for i, kind in enumerate(kinds):
+            if kind in KIND_NAMES:
+                code[KIND_NAMES.index(kind)] = i
+        kind = code[rows.kind]
+        mine = kind >= 0
+        rank = rows.rank[mine]
+        ranks = np.flatnonzero(np.bincount(rank, minlength=rows.ranks))
+        starts = 2 * np.searchsorted(rank, ranks)
+        rows.events[kinds] = _Events(kind[mine], rows.stage[mine], starts, starts - 1,
+                                     ranks.tolist())
+    return rows.events[kinds]
 
 
 def _peaks(rank: np.ndarray, level: np.ndarray, ranks: int) -> list[int]:

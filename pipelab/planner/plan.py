@@ -56,7 +56,7 @@ from .bound import chain_costs, time_bound
 from .calibrated import POLICIES, SCHEDULE_NAMES, UNPLANNABLE, CalibratedModel  # noqa: F401
 from .candidate import CHUNKED, FIXED_CHUNKS, GB, MiB, VOCAB, Candidate  # noqa: F401
 from .mesh import divisors
-from .peaks import activation_peaks, kind_table, order_peaks  # noqa: F401 (activation_peaks)
+from .peaks import activation_peaks, kind_table, order_peaks, stacked
 from .ranked import Plan, runnable as _runnable
 from .rows import rows_of, with_recompute_rows
 from .shaped import GPUS_PER_NODE, ShapedModel
@@ -188,7 +188,7 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
     runs them best-first (ranked.py). A schedule that exists at a size is generated once; it is
     validated only where it is simulated (the registered generators make valid schedules: the
     plan's length is the exhaustive search's, tests/test_plan_prune.py)."""
-    out, made, chains = [], {}, {}
+    out, made, chains, tables = [], {}, {}, {}
     for name, p, dp, tp, ep, m, v, rows in shapes:
         key = (name, p, m, v)
         if key not in made:
@@ -207,10 +207,12 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
                 _predict(c, _runnable(c, source), source)
             else:
                 costs, c.static, table = source.model(c, order)
-                c.activation_peak = order_peaks(order, kind_table(table))
+                if id(table) not in tables:        # a source shares its byte tables too
+                    tables[id(table)] = table, stacked(kind_table(table))
+                c.activation_peak = order_peaks(order, tables[id(table)][1])
                 c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
                 if id(costs) not in chains:       # a source shares one costs object
-                    chains[id(costs)] = costs, chain_costs(costs, len(order.placement), m)
+                    chains[id(costs)] = costs, chain_costs(costs, len(order.placement))
                 c.bound = time_bound(order, chains[id(costs)][1], costs.message_time())
                 c.defer(partial(_simulated, name, p, m, v, dp, again, costs))
             _judge(c, budget, source.unit)

@@ -26,7 +26,8 @@ class Rows:
     """`rank[i]`, `kind[i]` and `stage[i]` of action i, rank after rank in program order;
     `ranks` and `placement` (stage -> rank) as the schedule's: what a source's `model` reads
     of a schedule."""
-    __slots__ = ("rank", "kind", "stage", "ranks", "placement", "crossing", "tally")
+    __slots__ = ("rank", "kind", "stage", "ranks", "placement", "crossing", "tally",
+                 "events")
 
     def __init__(self, rank: np.ndarray, kind: np.ndarray, stage: np.ndarray, ranks: int,
                  placement: tuple[int, ...]):
@@ -35,6 +36,7 @@ class Rows:
         place = np.asarray(placement)
         self.crossing = place[1:] != place[:-1]        # stage s to s + 1 changes rank
         self.tally = None                              # what bound.py reads, once counted
+        self.events: dict = {}                         # what peaks.py reads, per table's kinds
 
     def stages_of(self, rank: int) -> list[int]:
         """The stages rank `rank` holds (as `Schedule.stages_of`: a source reads it)."""

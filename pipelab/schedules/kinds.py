@@ -96,6 +96,8 @@ class KindSpec:
     bulk_inputs: Callable | None = None  # `inputs` over arrays (bulk.py): (schedule, table,
     #                                    stages, microbatches) -> one array of producer keys
     #                                    per edge, in `inputs`' order; -1 where it has none
+    stage_costs: Callable | None = None  # `cost` over arrays: (costs, stages) -> the cost on
+    #                                    every stage < stages, the same numbers (Costs.of_stages)
 
     @property
     def collective(self) -> bool:
@@ -119,7 +121,8 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
                   lane: str = "compute", tp_reduce: bool = False, role: str = OTHER,
                   completes: str | None | object = _UNSET, bytes: str | None | object = _UNSET,
                   colour: str | None = None, label: str = "", replace: bool = False,
-                  bulk_inputs: Callable | None = None) -> KindSpec:
+                  bulk_inputs: Callable | None = None,
+                  stage_costs: Callable | None = None) -> KindSpec:
     """Add an action kind. `inputs(schedule, action)` lists its `Input` edges (default: none);
     `members(schedule, action)` makes it a collective of those ranks; `lane="comm"` runs it
     beside the rank's compute (the simulator gives each rank a communication lane, so a
@@ -133,7 +136,8 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
     constant change of live activations in forwards' units (default: its byte rule's);
     `colour` and `label` how charts show it. `bulk_inputs`, optional, is `inputs` over arrays
     for schedules of 10^5 actions (bulk.py; see the built-in kinds' below); without it, the
-    schedules that use the kind are ordered step by step.
+    schedules that use the kind are ordered step by step. `stage_costs`, optional, is `cost`
+    over arrays, `(costs, stages) -> array` (the planner reads thousands of tables).
 
     A kind another module registered is replaced only with `replace=True`; the module that
     registered it (a notebook cell run again, a module reloaded) may register it again."""
@@ -162,7 +166,7 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,
                     float(memory_rules.default_memory(rule) if memory is None else memory),
                     cost, per_microbatch, members, module, lane, tp_reduce, role, completes,
-                    rule, colour, label, owner, bulk_inputs)
+                    rule, colour, label, owner, bulk_inputs, stage_costs)
     KIND_SPECS[kind] = spec
     KINDS[kind] = description
     VERSION[0] += 1
@@ -238,6 +242,7 @@ register_kind("F", "forward", inputs=_forward_inputs, output=ACTIVATION, role=FO
               bulk_inputs=_forward_bulk)
 register_kind("B", "full backward (I + W)", inputs=_backward_inputs, output=INPUT_GRADIENT,
               role=BACKWARD, cost=lambda costs, s: costs.of("I", s) + costs.of("W", s),
+              stage_costs=lambda costs, n: costs.of_stages("I", n) + costs.of_stages("W", n),
               module="pipelab", tp_reduce=True, colour="#DD8452", label="backward",
               bulk_inputs=_backward_bulk)
 # How much of a forward's activations I frees (and W the rest) is a property of the model: the

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Mapping, Sequence
 
+import numpy as np
+
 from .link import Link, check_link
 from .shape import shape_table
 from ..schedules.actions import Action
@@ -275,6 +277,20 @@ class Costs:
             return spec.cost(self, stage)
         return _at_stage(kind, value, stage)
 
+    def of_stages(self, kind: str, stages: int) -> np.ndarray:
+        """`of(kind, s)` for every stage s < `stages` at once (the same numbers, as an array)."""
+        value = getattr(self, kind) if kind in ("F", "I", "W", "B") else self.kinds.get(kind)
+        if value is None:                  # costed by its kind's spec: over arrays if it can
+            spec = KIND_SPECS.get(kind)
+            if spec is not None and spec.stage_costs is not None:
+                return spec.stage_costs(self, stages)
+            return np.array([self.of(kind, s) for s in range(stages)], float)
+        return _stage_array(kind, value, stages)
+
+    def of_tp_allreduce_stages(self, stages: int) -> np.ndarray:
+        """`of_tp_allreduce(s)` for every stage s < `stages` at once."""
+        return _stage_array("tp_allreduce", self.tp_allreduce, stages)
+
     def of_parameter_bytes(self, stage: int) -> float:
         return _at_stage("parameter_bytes", self.parameter_bytes, stage)
 
@@ -320,10 +336,25 @@ def _at_stage(name: str, value, stage: int) -> float:
     return float(value)
 
 
+def _stage_array(name: str, value, stages: int) -> np.ndarray:
+    """`_at_stage` for stages 0 … stages − 1 at once."""
+    if isinstance(value, list):
+        if stages > len(value):
+            _at_stage(name, value, stages - 1)          # raises, saying which stage is missing
+        return np.array(value[:stages], float)
+    return np.full(stages, float(value))
+
+
 def _checked(name: str, value, per_stage: bool = True):
     """A cost as the table keeps it: a float, or a list of floats (any sequence comes in)."""
     many = per_stage and not isinstance(value, str) and hasattr(value, "__len__")
     values = list(value) if many else [value]
+    # The common case at once (a planner builds thousands of tables): plain floats with a
+    # finite sum (so no NaN, no infinity, and `min` is the true least) and none below 0.
+    # Anything else (ints, numpy numbers, bad values) is judged one by one below.
+    if many and all(type(v) is float for v in values) and math.isfinite(sum(values)) \
+            and min(values, default=0.0) >= 0.0:
+        return values
     if not all(_is_time(v) for v in values):
         raise ValueError(f"Costs.{name} must be a finite number >= 0"
                          f"{' (one number, or one per stage)' if per_stage else ''}, got {value!r}")

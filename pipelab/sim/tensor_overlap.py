@@ -17,6 +17,8 @@ All-reduces of one rank never overlap each other (one communication stream).
 """
 from __future__ import annotations
 
+import numpy as np
+
 from ..schedules.kinds import BACKWARD, COMMUNICATION, KIND_SPECS, register_kind
 
 Span = tuple[float, float, int]       # (start, end, which part it sums), from the step's start
@@ -56,6 +58,22 @@ def step_time(costs, item, microbatches: int = 1) -> tuple[float, float, list[Sp
     if not braided:
         return max(t, comm), 0.0, spans
     return t, max(0.0, comm - t), spans
+
+
+def lone_step_times(costs, kind: str, stages: int) -> np.ndarray:
+    """`step_time(costs, Action(s, kind, j))[0]` of a lone (not braided) action of `kind` on
+    every stage s < `stages` at once, with a per-microbatch table: `step_time`'s float
+    operations, stage by stage in numpy (the planner's bound asks for thousands of tables)."""
+    work = costs.of_stages(kind, stages)
+    ar = costs.of_tp_allreduce_stages(stages) if reduces(kind) else np.zeros(stages)
+    after = costs.of_stages("W", stages) \
+        if KIND_SPECS[kind].role == BACKWARD and costs.tp_overlap else np.zeros(stages)
+    t = work - after
+    summed = ar != 0                              # `if ar:` above
+    comm = np.where(summed, np.maximum(t, 0.0) + ar, 0.0)
+    waits = summed & ((not costs.tp_overlap) | (after == 0))
+    t = np.where(waits, comm, t) + after
+    return np.maximum(t, comm)
 
 
 def data_edge(schedule, step, before) -> bool:

@@ -313,7 +313,8 @@ def _recompute_inputs(schedule, a: Action) -> list[Input]:
 
 
 register_kind(RECOMPUTE, "recompute the forward's dropped activations", inputs=_recompute_inputs,
-              output=SAVED, cost=lambda costs, stage: costs.of("F", stage), module="pipelab",
+              output=SAVED, cost=lambda costs, stage: costs.of("F", stage),
+              stage_costs=lambda costs, stages: costs.of_stages("F", stages), module="pipelab",
               role=RECOMPUTE_ROLE, colour="#DA8BC3", label="recompute")
 
 
