@@ -14,30 +14,54 @@ A rank's plan is five lists of slots, one per pass, indexed by microbatch:
 Memory is counted in chunk units (one chunk forward holds 1; a rank's worth of layers is 2):
 a forward adds one, a weight gradient frees one (the input gradient frees nothing, the
 simulator's `i_frees=0`). Without a W list, the W's are assumed to run in the holes, oldest first.
+
+`peak` is the definition; the squeeze does not ask it for every slot it tries. Every rank stays
+within the limit all along (each move is taken only if it keeps it so), so a move is allowed
+exactly when the levels it changes stay within it, and the squeeze keeps each rank's level after
+every slot (`_ListedLevels`, `_HoleLevels`) and looks only at the slots a move changes.
 """
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from itertools import chain
 
 import numpy as np
 
 PASSES = ("F0", "F1", "I1", "I0", "W")
+FORWARD, BACKWARD, WEIGHT = {0, 1}, {2, 3}, 4      # PASSES' indices by what they do to memory
 Plan = dict[str, list[int]]       # one rank: pass → slot of its k-th action
 
 
 def put_w_in_holes(plan: Plan) -> Plan:
-    """The plan with a W list: each W in the first free slot after the I it follows."""
-    taken = {slot for name in PASSES[:4] for slot in plan[name]}
-    backwards = set(plan["I1"] + plan["I0"])
-    slots, owed, slot = [], 0, 0
-    for slot in range(max(taken) + 1):
-        if slot in taken:
-            owed += slot in backwards          # a backward makes one W owed
-        elif owed:
-            slots.append(slot)
-            owed -= 1
-    slots += range(slot + 1, slot + 1 + owed)  # the W's left over close the step
+    """The plan with a W list: each W in the first free slot after the I it follows (the owed
+    W's queue for the holes, oldest first); the W's left over close the step."""
+    backwards = plan["I1"] + plan["I0"]
+    taken = np.array(plan["F0"] + plan["F1"] + backwards, np.int64)
+    end = int(taken.max()) + 1
+    busy, back = np.zeros(end, bool), np.zeros(end, bool)
+    busy[taken] = True
+    back[backwards] = True
+    slots = np.flatnonzero(queue_runs(back, ~busy)).tolist()
+    slots += range(end, end + len(backwards) - len(slots))
     return {**{name: plan[name] for name in PASSES[:4]}, "W": slots}
+
+
+def queue_runs(arrive: np.ndarray, serve: np.ndarray) -> np.ndarray:
+    """Which `serve` slots run a waiting item: items join a queue at the `arrive` slots and
+    each serve slot runs one if any waits (no slot both arrives and serves). Along the last
+    axis, so that one call answers for every rank."""
+    waiting = _waiting(arrive.astype(np.int64) - serve)
+    before = np.zeros_like(waiting)
+    before[..., 1:] = waiting[..., :-1]
+    return serve & (before > 0)
+
+
+def _waiting(step: np.ndarray, start: int = 0) -> np.ndarray:
+    """The queue's length after each slot, a slot adding `step` (+1 an arrival, −1 a chance to
+    run one) but never going below 0: the walk less its deepest dip below 0 so far (Lindley's
+    q = max(0, q + step), unrolled so that numpy does it)."""
+    walk = start + np.cumsum(step, axis=-1)
+    return walk - np.minimum(np.minimum.accumulate(walk, axis=-1), 0)
 
 
 def peak(plan: Plan) -> int:
@@ -79,8 +103,7 @@ def _holes_peak(plan: Plan) -> int:
 
 def _listed_peak(plan: Plan) -> int | None:
     """The peak of a plan whose W's have slots: the highest running sum of +1 a forward and −1 a
-    W in slot order (the squeeze asks it for every move it tries, so in numpy). None when two
-    actions share a slot, which the slot-by-slot walk resolves."""
+    W in slot order. None when two actions share a slot, which the slot-by-slot walk resolves."""
     forwards = plan["F0"] + plan["F1"]
     slots = np.array(forwards + plan["W"], dtype=np.int64)
     if not len(slots):
@@ -94,59 +117,178 @@ def _listed_peak(plan: Plan) -> int | None:
     return max(0, int(np.cumsum(change[order]).max()))
 
 
-def _earliest(plans: list[Plan], rank: int, name: str, k: int) -> int:
-    """The first slot this action may take: after its inputs and after its own pass's k−1."""
-    last = len(plans) - 1
-    own = plans[rank]
-    inputs = [own[name][k - 1]] if k else []
-    if name == "F0" and rank > 0:
-        inputs.append(plans[rank - 1]["F0"][k])      # from the rank above, going down
-    elif name == "F1":
-        inputs.append(own["F0"][k])                  # the turn at the bottom of the V …
-        if rank < last:
-            inputs.append(plans[rank + 1]["F1"][k])  # … or from the rank below, coming up
-    elif name == "I1":
-        inputs.append(own["F1"][k])                  # the loss on rank 0's chunk 1 …
-        if rank > 0:
-            inputs.append(plans[rank - 1]["I1"][k])  # … or the gradient from the rank above
-    elif name == "I0":
-        inputs.append(own["I1"][k])
-        if rank < last:
-            inputs.append(plans[rank + 1]["I0"][k])
-    elif name == "W":
-        inputs.append(sorted(own["I1"] + own["I0"])[k])
-    return max(inputs, default=-1) + 1
-
-
 def squeeze(plans: list[Plan], warmup: bool) -> list[Plan]:
     """Pull warm-up (if `warmup`) and cool-down actions into earlier free slots, keeping every
     rank's peak within the largest peak of the plans as given. The warm-up ends when rank 0
     runs its first I on chunk 0 (microbatch 0 has come back down the V); the cool-down starts
-    after rank 0's last forward on chunk 0."""
+    after rank 0's last forward on chunk 0. Each action, in slot order, takes the first free
+    slot after its inputs at which its rank's peak (`peak`) stays within the limit, if any."""
     plans = [{name: list(slots) for name, slots in plan.items()} for plan in plans]
-    limit = max(peak(plan) for plan in plans)
-    last_mb = len(plans[0]["F0"]) - 1
-    order = sorted((slot, rank, PASSES.index(name), k) for rank, plan in enumerate(plans)
-                   for name, slots in plan.items() for k, slot in enumerate(slots))
-    used: list[set[int]] = [set() for _ in plans]
-    phase = "warm-up"
-    for slot, rank, kind, k in order:
-        name = PASSES[kind]
-        if phase == "warm-up" and name == "I0" and rank == 0:
-            phase = "steady"
-        if phase == "steady" or (phase == "warm-up" and not warmup):
-            if phase == "steady" and name == "F0" and k == last_mb:
-                phase = "cool-down"
-            used[rank].add(slot)
+    moves = _movable(plans, warmup)
+    if not moves:
+        return plans
+    levels = (_ListedLevels if "W" in plans[0] else _HoleLevels)(plans)
+    backs = [sorted(plan["I1"] + plan["I0"]) for plan in plans] if "W" in plans[0] else None
+    for slot, rank, kind, k in moves:
+        start = _earliest(plans, backs, rank, kind, k)
+        if start >= slot:
             continue
-        plan = plans[rank]
-        for earlier in range(_earliest(plans, rank, name, k), slot):
-            if earlier in used[rank]:
-                continue
-            plan[name][k] = earlier
-            if peak(plan) <= limit:
-                break
-        else:
-            plan[name][k] = slot
-        used[rank].add(plan[name][k])
+        new = levels.first_fit(rank, kind, start, slot)
+        if new is None:
+            continue
+        plans[rank][PASSES[kind]][k] = new
+        levels.move(rank, kind, slot, new)
+        if kind in BACKWARD and backs is not None:      # the W's inputs, in slot order
+            ranked = backs[rank]
+            del ranked[bisect_left(ranked, slot)]
+            insort(ranked, new)
     return plans
+
+
+def _movable(plans: list[Plan], warmup: bool) -> list[tuple[int, int, int, int]]:
+    """The actions the squeeze tries to move, (slot, rank, pass, k) in slot order (then rank):
+    the warm-up's if `warmup`, up to rank 0's first I on chunk 0, and the cool-down's, after
+    the first last forward on chunk 0 that comes after it."""
+    names = [name for name in PASSES if name in plans[0]]
+    lists = [plan[name] for plan in plans for name in names]
+    sizes = np.array([len(slots) for slots in lists])
+    slot = np.fromiter(chain.from_iterable(lists), np.int64, int(sizes.sum()))
+    rank = np.repeat(np.arange(len(plans)).repeat(len(names)), sizes)
+    kind = np.repeat(np.tile([PASSES.index(name) for name in names], len(plans)), sizes)
+    k = np.arange(len(slot)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    key = slot * len(plans) + rank
+    order = np.argsort(key, kind="stable")
+    clash = np.flatnonzero(np.diff(key[order]) == 0)
+    if len(clash):
+        raise ValueError(f"the squeeze takes one action a slot per rank; rank "
+                         f"{rank[order[clash[0]]]} has two at slot {slot[order[clash[0]]]}")
+    slot, rank, kind, k = slot[order], rank[order], kind[order], k[order]
+    steady = np.flatnonzero((kind == PASSES.index("I0")) & (rank == 0))
+    start = int(steady[0]) if len(steady) else len(slot)
+    last = np.flatnonzero((kind == 0) & (k == len(plans[0]["F0"]) - 1))
+    last = last[last > start]
+    picked = [np.arange(start)] if warmup else []
+    if len(last):
+        picked.append(np.arange(int(last[0]) + 1, len(slot)))
+    if not picked:
+        return []
+    picked = np.concatenate(picked)
+    return list(zip(*(column[picked].tolist() for column in (slot, rank, kind, k))))
+
+
+def _earliest(plans: list[Plan], backs: list[list[int]] | None, rank: int, kind: int,
+              k: int) -> int:
+    """The first slot this action may take: after its inputs and after its own pass's k−1
+    (a W's input is its rank's k-th backward in slot order, `backs`)."""
+    own = plans[rank]
+    start = own[PASSES[kind]][k - 1] if k else -1
+    if kind == 0:
+        if rank > 0:
+            start = max(start, plans[rank - 1]["F0"][k])   # from the rank above, going down
+    elif kind == 1:
+        start = max(start, own["F0"][k])                   # the turn at the bottom of the V …
+        if rank < len(plans) - 1:
+            start = max(start, plans[rank + 1]["F1"][k])   # … or from the rank below, coming up
+    elif kind == 2:
+        start = max(start, own["F1"][k])                   # the loss on rank 0's chunk 1 …
+        if rank > 0:
+            start = max(start, plans[rank - 1]["I1"][k])   # … or the gradient from the rank above
+    elif kind == 3:
+        start = max(start, own["I1"][k])
+        if rank < len(plans) - 1:
+            start = max(start, plans[rank + 1]["I0"][k])
+    else:
+        start = max(start, backs[rank][k])
+    return start + 1
+
+
+def _slot_grid(plans: list[Plan], code: dict[str, int]) -> np.ndarray:
+    """One row a rank, one column a slot: `code[name]` where that pass runs, 0 where nothing
+    does (a hole); one column more than the last slot."""
+    end = 1 + max(max(plan[name], default=-1) for plan in plans for name in code)
+    grid = np.zeros((len(plans), end), np.int8)
+    for rank, plan in enumerate(plans):
+        for name, value in code.items():
+            grid[rank, plan[name]] = value
+    return grid
+
+
+class _ListedLevels:
+    """Each rank's level (forwards less W's) after every slot, with the W's in their slots.
+    A forward moved from s to e < s adds one on [e, s): allowed while that range stays below
+    the limit; a W moved earlier only lowers levels, an I changes none: both always allowed."""
+
+    def __init__(self, plans: list[Plan]):
+        grid = _slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2, "W": -1})
+        self.level = np.cumsum(grid == 1, axis=1, dtype=np.int64) - np.cumsum(grid == -1, axis=1)
+        self.limit = max(0, int(self.level.max()))
+        self.free = [bytearray(row.astype(bool).tobytes()) for row in grid]   # 0 where free
+
+    def first_fit(self, rank: int, kind: int, start: int, slot: int) -> int | None:
+        """The first free slot in [start, slot) the action may take, or None."""
+        if kind in FORWARD:
+            full = np.flatnonzero(self.level[rank, start:slot] >= self.limit)
+            if len(full):
+                start += int(full[-1]) + 1
+        found = self.free[rank].find(0, start, slot)
+        return None if found < 0 else found
+
+    def move(self, rank: int, kind: int, slot: int, new: int) -> None:
+        free = self.free[rank]
+        free[slot], free[new] = 0, 1
+        if kind in FORWARD:
+            self.level[rank, new:slot] += 1
+        elif kind == WEIGHT:
+            self.level[rank, new:slot] -= 1
+
+
+class _HoleLevels:
+    """Each rank's level after every slot with no W list: each backward owes a W and the owed
+    W's run in the holes, oldest first. `owed[t]` and `level[t]` are the W's owed and the
+    level after slot t − 1 (index 0: before slot 0).
+
+    Moving an action from s to a hole e < s changes nothing before e and, after s, lowers or
+    keeps every level (the hole it leaves at s runs a W if one is owed). In [e, s): if e ran a
+    W (one was owed), that W waits for the next hole that ran none, z; a forward adds one on
+    [e, s) and one more on [e, z); a backward adds one on [e, z) if e ran a W, else nothing."""
+
+    STEP = np.array([-1, 0, 1], np.int64)      # per slot code (hole, forward, backward): owed
+    HELD = np.array([0, 1, -1], np.int64)      # ... and level less owed
+
+    def __init__(self, plans: list[Plan]):
+        grid = _slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2})
+        owed = _waiting(self.STEP[grid])
+        self.owed = np.zeros((len(plans), grid.shape[1] + 1), np.int64)
+        self.level = np.zeros_like(self.owed)
+        self.owed[:, 1:] = owed
+        self.level[:, 1:] = owed + np.cumsum(self.HELD[grid], axis=1)
+        self.limit = max(0, int(self.level.max()))
+        self.what = [bytearray(row.tobytes()) for row in grid]
+        self.grid = [np.frombuffer(what, np.int8) for what in self.what]   # the same bytes
+
+    def first_fit(self, rank: int, kind: int, start: int, slot: int) -> int | None:
+        """The first hole in [start, slot) the action may take, or None."""
+        level, owed, what, limit = self.level[rank], self.owed[rank], self.what[rank], self.limit
+        if kind in FORWARD:
+            full = np.flatnonzero(level[start + 1:slot + 1] >= limit)
+            if len(full):
+                start += int(full[-1]) + 1
+        hole = what.find(0, start, slot)
+        while hole >= 0:
+            if not owed[hole]:
+                return hole
+            idle = np.flatnonzero((self.grid[rank][hole + 1:slot] == 0)
+                                  & (owed[hole + 1:slot] == 0))
+            waits = hole + 1 + int(idle[0]) if len(idle) else slot
+            if level[hole + 1:waits + 1].max() + 1 + (kind in FORWARD) <= limit:
+                return hole
+            hole = what.find(0, hole + 1, slot)
+        return None
+
+    def move(self, rank: int, kind: int, slot: int, new: int) -> None:
+        what = self.what[rank]
+        what[new], what[slot] = what[slot], 0
+        grid, owed, level = self.grid[rank][new:], self.owed[rank], self.level[rank]
+        before, held = owed[new], level[new] - owed[new]
+        owed[new + 1:] = _waiting(self.STEP[grid], before)
+        level[new + 1:] = owed[new + 1:] + held + np.cumsum(self.HELD[grid])
