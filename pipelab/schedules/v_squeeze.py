@@ -122,40 +122,70 @@ def squeeze(plans: list[Plan], warmup: bool) -> list[Plan]:
     rank's peak within the largest peak of the plans as given. The warm-up ends when rank 0
     runs its first I on chunk 0 (microbatch 0 has come back down the V); the cool-down starts
     after rank 0's last forward on chunk 0. Each action, in slot order, takes the first free
-    slot after its inputs at which its rank's peak (`peak`) stays within the limit, if any."""
+    slot after its inputs at which its rank's peak (`peak`) stays within the limit, if any.
+    The plans must have one action a slot on each rank, each after its inputs."""
     plans = [{name: list(slots) for name, slots in plan.items()} for plan in plans]
     moves = _movable(plans, warmup)
     if not moves:
         return plans
-    levels = (_ListedLevels if "W" in plans[0] else _HoleLevels)(plans)
-    backs = [sorted(plan["I1"] + plan["I0"]) for plan in plans] if "W" in plans[0] else None
+    listed = "W" in plans[0]
+    levels = (_ListedLevels if listed else _HoleLevels)(plans)
+    backs = [sorted(plan["I1"] + plan["I0"]) for plan in plans] if listed else None
+    inputs = _inputs(plans, backs)
     for slot, rank, kind, k in moves:
-        start = _earliest(plans, backs, rank, kind, k)
-        if start >= slot:
+        own, waits = inputs[rank][kind]
+        start = own[k - 1] if k else -1
+        for source in waits:
+            if source[k] > start:
+                start = source[k]
+        if start + 1 >= slot:
             continue
-        new = levels.first_fit(rank, kind, start, slot)
+        new = levels.first_fit(rank, kind, start + 1, slot)
         if new is None:
             continue
-        plans[rank][PASSES[kind]][k] = new
+        own[k] = new
         levels.move(rank, kind, slot, new)
-        if kind in BACKWARD and backs is not None:      # the W's inputs, in slot order
+        if kind in BACKWARD and listed:        # the W's inputs, kept in slot order
             ranked = backs[rank]
             del ranked[bisect_left(ranked, slot)]
             insort(ranked, new)
     return plans
 
 
-def _movable(plans: list[Plan], warmup: bool) -> list[tuple[int, int, int, int]]:
-    """The actions the squeeze tries to move, (slot, rank, pass, k) in slot order (then rank):
-    the warm-up's if `warmup`, up to rank 0's first I on chunk 0, and the cool-down's, after
-    the first last forward on chunk 0 that comes after it."""
-    names = [name for name in PASSES if name in plans[0]]
+def _inputs(plans: list[Plan], backs: list[list[int]] | None) -> list[list[tuple]]:
+    """For each rank and pass (PASSES' order): its own slots (its k-th follows its k−1-th) and
+    the lists whose k-th slot it follows; a W follows its rank's k-th backward in slot order
+    (`backs`, kept sorted as they move). The lists are the plans' own, which moves update."""
+    last = len(plans) - 1
+    table = []
+    for rank, own in enumerate(plans):
+        above = [plans[rank - 1]] if rank > 0 else []
+        below = [plans[rank + 1]] if rank < last else []
+        waits = ([plan["F0"] for plan in above],                  # from the rank above, going down
+                 [own["F0"]] + [plan["F1"] for plan in below],    # the turn at the V's bottom, or up
+                 [own["F1"]] + [plan["I1"] for plan in above],    # the loss, or the gradient from above
+                 [own["I1"]] + [plan["I0"] for plan in below],
+                 [backs[rank]] if backs else [])
+        table.append([(own[name], waits[kind]) for kind, name in enumerate(PASSES) if name in own])
+    return table
+
+
+def _flat(plans: list[Plan], names: list[str]) -> tuple[np.ndarray, ...]:
+    """Every action of the named passes as four arrays: slot, rank, pass (index), k."""
     lists = [plan[name] for plan in plans for name in names]
     sizes = np.array([len(slots) for slots in lists])
     slot = np.fromiter(chain.from_iterable(lists), np.int64, int(sizes.sum()))
     rank = np.repeat(np.arange(len(plans)).repeat(len(names)), sizes)
     kind = np.repeat(np.tile([PASSES.index(name) for name in names], len(plans)), sizes)
     k = np.arange(len(slot)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    return slot, rank, kind, k
+
+
+def _movable(plans: list[Plan], warmup: bool) -> list[tuple[int, int, int, int]]:
+    """The actions the squeeze tries to move, (slot, rank, pass, k) in slot order (then rank):
+    the warm-up's if `warmup`, up to rank 0's first I on chunk 0, and the cool-down's, after
+    the first last forward on chunk 0 that comes after it."""
+    slot, rank, kind, k = _flat(plans, [name for name in PASSES if name in plans[0]])
     key = slot * len(plans) + rank
     order = np.argsort(key, kind="stable")
     clash = np.flatnonzero(np.diff(key[order]) == 0)
@@ -176,119 +206,105 @@ def _movable(plans: list[Plan], warmup: bool) -> list[tuple[int, int, int, int]]
     return list(zip(*(column[picked].tolist() for column in (slot, rank, kind, k))))
 
 
-def _earliest(plans: list[Plan], backs: list[list[int]] | None, rank: int, kind: int,
-              k: int) -> int:
-    """The first slot this action may take: after its inputs and after its own pass's k−1
-    (a W's input is its rank's k-th backward in slot order, `backs`)."""
-    own = plans[rank]
-    start = own[PASSES[kind]][k - 1] if k else -1
-    if kind == 0:
-        if rank > 0:
-            start = max(start, plans[rank - 1]["F0"][k])   # from the rank above, going down
-    elif kind == 1:
-        start = max(start, own["F0"][k])                   # the turn at the bottom of the V …
-        if rank < len(plans) - 1:
-            start = max(start, plans[rank + 1]["F1"][k])   # … or from the rank below, coming up
-    elif kind == 2:
-        start = max(start, own["F1"][k])                   # the loss on rank 0's chunk 1 …
-        if rank > 0:
-            start = max(start, plans[rank - 1]["I1"][k])   # … or the gradient from the rank above
-    elif kind == 3:
-        start = max(start, own["I1"][k])
-        if rank < len(plans) - 1:
-            start = max(start, plans[rank + 1]["I0"][k])
-    else:
-        start = max(start, backs[rank][k])
-    return start + 1
-
-
-def _slot_grid(plans: list[Plan], code: dict[str, int]) -> np.ndarray:
+def slot_grid(plans: list[Plan], code: dict[str, int]) -> np.ndarray:
     """One row a rank, one column a slot: `code[name]` where that pass runs, 0 where nothing
     does (a hole); one column more than the last slot."""
-    end = 1 + max(max(plan[name], default=-1) for plan in plans for name in code)
-    grid = np.zeros((len(plans), end), np.int8)
-    for rank, plan in enumerate(plans):
-        for name, value in code.items():
-            grid[rank, plan[name]] = value
+    slot, rank, kind, _ = _flat(plans, list(code))
+    value = np.zeros(len(PASSES), np.int8)
+    value[[PASSES.index(name) for name in code]] = list(code.values())
+    grid = np.zeros((len(plans), int(slot.max(initial=-1)) + 2), np.int8)
+    grid[rank, slot] = value[kind]
     return grid
 
 
+UP, DOWN = bytes([*range(1, 256), 255]), bytes([0, *range(255)])   # add or take one, bytewise
+
+
 class _ListedLevels:
-    """Each rank's level (forwards less W's) after every slot, with the W's in their slots.
-    A forward moved from s to e < s adds one on [e, s): allowed while that range stays below
-    the limit; a W moved earlier only lowers levels, an I changes none: both always allowed."""
+    """Each rank's level (forwards less W's) after every slot, with the W's in their slots, one
+    byte a slot. A forward moved from s to e < s adds one on [e, s): allowed when that range is
+    below the limit; a W moved earlier only lowers levels, an I changes none: both allowed."""
 
     def __init__(self, plans: list[Plan]):
-        grid = _slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2, "W": -1})
-        self.level = np.cumsum(grid == 1, axis=1, dtype=np.int64) - np.cumsum(grid == -1, axis=1)
-        self.limit = max(0, int(self.level.max()))
+        grid = slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2, "W": 3})
+        level = np.cumsum(grid == 1, axis=1) - np.cumsum(grid == 3, axis=1)
+        self.limit = max(0, int(level.max()))
+        if level.min() < 0 or self.limit > 254:
+            raise ValueError(f"the squeeze takes plans whose W's follow their forwards, with a "
+                             f"peak under 255 chunks; got levels from {level.min()} to {self.limit}")
+        self.level = [bytearray(row.astype(np.uint8).tobytes()) for row in level]
         self.free = [bytearray(row.astype(bool).tobytes()) for row in grid]   # 0 where free
 
     def first_fit(self, rank: int, kind: int, start: int, slot: int) -> int | None:
         """The first free slot in [start, slot) the action may take, or None."""
         if kind in FORWARD:
-            full = np.flatnonzero(self.level[rank, start:slot] >= self.limit)
-            if len(full):
-                start += int(full[-1]) + 1
+            start = self.level[rank].rfind(self.limit, start, slot) + 1 or start
         found = self.free[rank].find(0, start, slot)
         return None if found < 0 else found
 
     def move(self, rank: int, kind: int, slot: int, new: int) -> None:
-        free = self.free[rank]
+        free, level = self.free[rank], self.level[rank]
         free[slot], free[new] = 0, 1
         if kind in FORWARD:
-            self.level[rank, new:slot] += 1
+            level[new:slot] = level[new:slot].translate(UP)
         elif kind == WEIGHT:
-            self.level[rank, new:slot] -= 1
+            level[new:slot] = level[new:slot].translate(DOWN)
 
 
 class _HoleLevels:
     """Each rank's level after every slot with no W list: each backward owes a W and the owed
     W's run in the holes, oldest first. `owed[t]` and `level[t]` are the W's owed and the
-    level after slot t − 1 (index 0: before slot 0).
+    level after slot t − 1 (index 0: before slot 0), as lists (one short walk a move).
 
     Moving an action from s to a hole e < s changes nothing before e and, after s, lowers or
     keeps every level (the hole it leaves at s runs a W if one is owed). In [e, s): if e ran a
     W (one was owed), that W waits for the next hole that ran none, z; a forward adds one on
     [e, s) and one more on [e, z); a backward adds one on [e, z) if e ran a W, else nothing."""
 
-    STEP = np.array([-1, 0, 1], np.int64)      # per slot code (hole, forward, backward): owed
-    HELD = np.array([0, 1, -1], np.int64)      # ... and level less owed
-
     def __init__(self, plans: list[Plan]):
-        grid = _slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2})
-        owed = _waiting(self.STEP[grid])
-        self.owed = np.zeros((len(plans), grid.shape[1] + 1), np.int64)
-        self.level = np.zeros_like(self.owed)
-        self.owed[:, 1:] = owed
-        self.level[:, 1:] = owed + np.cumsum(self.HELD[grid], axis=1)
-        self.limit = max(0, int(self.level.max()))
-        self.what = [bytearray(row.tobytes()) for row in grid]
-        self.grid = [np.frombuffer(what, np.int8) for what in self.what]   # the same bytes
+        grid = slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2})
+        owed = _waiting(np.array([-1, 0, 1])[grid])            # a hole runs one, a backward owes one
+        level = owed + np.cumsum(np.array([0, 1, -1])[grid], axis=1)   # level − owed: forwards − backwards
+        self.limit = max(0, int(level.max()))
+        self.owed = [[0, *row] for row in owed.tolist()]
+        self.level = [[0, *row] for row in level.tolist()]
+        self.what = [bytearray(row.tobytes()) for row in grid]   # 0 hole, 1 forward, 2 backward
 
     def first_fit(self, rank: int, kind: int, start: int, slot: int) -> int | None:
         """The first hole in [start, slot) the action may take, or None."""
         level, owed, what, limit = self.level[rank], self.owed[rank], self.what[rank], self.limit
         if kind in FORWARD:
-            full = np.flatnonzero(level[start + 1:slot + 1] >= limit)
-            if len(full):
-                start += int(full[-1]) + 1
+            below = level[start + 1:slot + 1]
+            if limit in below:                  # levels never pass the limit: after its last
+                start += len(below) - below[::-1].index(limit)
+        bump = 2 if kind in FORWARD else 1
         hole = what.find(0, start, slot)
         while hole >= 0:
             if not owed[hole]:
                 return hole
-            idle = np.flatnonzero((self.grid[rank][hole + 1:slot] == 0)
-                                  & (owed[hole + 1:slot] == 0))
-            waits = hole + 1 + int(idle[0]) if len(idle) else slot
-            if level[hole + 1:waits + 1].max() + 1 + (kind in FORWARD) <= limit:
+            most = level[hole + 1]
+            for later in range(hole + 1, slot):
+                if not what[later] and not owed[later]:
+                    break
+                most = max(most, level[later + 1])
+            if most + bump <= limit:
                 return hole
             hole = what.find(0, hole + 1, slot)
         return None
 
     def move(self, rank: int, kind: int, slot: int, new: int) -> None:
-        what = self.what[rank]
+        """Walk the new plan from `new` until past `slot` it is back in step with the old one."""
+        what, owed, level = self.what[rank], self.owed[rank], self.level[rank]
         what[new], what[slot] = what[slot], 0
-        grid, owed, level = self.grid[rank][new:], self.owed[rank], self.level[rank]
-        before, held = owed[new], level[new] - owed[new]
-        owed[new + 1:] = _waiting(self.STEP[grid], before)
-        level[new + 1:] = owed[new + 1:] + held + np.cumsum(self.HELD[grid])
+        waiting, held = owed[new], level[new]
+        for t in range(new, len(what)):
+            step = what[t]
+            if step == 1:
+                held += 1
+            elif step == 2:
+                waiting += 1
+            elif waiting:
+                waiting, held = waiting - 1, held - 1
+            if t >= slot and owed[t + 1] == waiting and level[t + 1] == held:
+                break
+            owed[t + 1], level[t + 1] = waiting, held
