@@ -40,7 +40,7 @@ from .actions import F, I, W, Action
 from .base import Schedule
 from .placement import v_placement
 from .registry import register
-from .v_squeeze import PASSES, Plan, put_w_in_holes, queue_runs, slot_grid, squeeze
+from .v_squeeze import PASSES, Plan, put_ws_in_holes, queue_runs, slot_grid, squeeze
 
 INTERVAL = 6        # slots between one microbatch's block and the next: 2 F, 2 I, 2 W per rank
 
@@ -101,7 +101,7 @@ def block_actions(ranks: int, microbatches: int, block_of: Callable,
     (cool-down only), the W's going back into whatever holes are left."""
     plans = _block_plans(ranks, microbatches, block_of)
     if squeezed:
-        plans = squeeze([put_w_in_holes(plan) for plan in plans], warmup=True)
+        plans = squeeze(put_ws_in_holes(plans), warmup=True)
         plans = squeeze([{name: plan[name] for name in PASSES[:4]} for plan in plans],
                         warmup=False)
     return _rank_actions(ranks, plans)

@@ -35,15 +35,17 @@ Plan = dict[str, list[int]]       # one rank: pass → slot of its k-th action
 def put_w_in_holes(plan: Plan) -> Plan:
     """The plan with a W list: each W in the first free slot after the I it follows (the owed
     W's queue for the holes, oldest first); the W's left over close the step."""
-    backwards = plan["I1"] + plan["I0"]
-    taken = np.array(plan["F0"] + plan["F1"] + backwards, np.int64)
-    end = int(taken.max()) + 1
-    busy, back = np.zeros(end, bool), np.zeros(end, bool)
-    busy[taken] = True
-    back[backwards] = True
-    slots = np.flatnonzero(queue_runs(back, ~busy)).tolist()
-    slots += range(end, end + len(backwards) - len(slots))
-    return {**{name: plan[name] for name in PASSES[:4]}, "W": slots}
+    return put_ws_in_holes([plan])[0]
+
+
+def put_ws_in_holes(plans: list[Plan]) -> list[Plan]:
+    """`put_w_in_holes` for every rank at once. Past its last action a rank has only holes, so
+    the W's left over take the slots after it: the queue places them too, on a grid wide enough."""
+    spare = max(len(plan["I1"]) + len(plan["I0"]) for plan in plans)
+    grid = slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 2}, spare)
+    runs = queue_runs(grid == 2, grid == 0)
+    return [{**{name: plan[name] for name in PASSES[:4]}, "W": np.flatnonzero(row).tolist()}
+            for plan, row in zip(plans, runs)]
 
 
 def queue_runs(arrive: np.ndarray, serve: np.ndarray) -> np.ndarray:
@@ -206,13 +208,13 @@ def _movable(plans: list[Plan], warmup: bool) -> list[tuple[int, int, int, int]]
     return list(zip(*(column[picked].tolist() for column in (slot, rank, kind, k))))
 
 
-def slot_grid(plans: list[Plan], code: dict[str, int]) -> np.ndarray:
+def slot_grid(plans: list[Plan], code: dict[str, int], spare: int = 1) -> np.ndarray:
     """One row a rank, one column a slot: `code[name]` where that pass runs, 0 where nothing
-    does (a hole); one column more than the last slot."""
+    does (a hole); `spare` columns more after the last slot."""
     slot, rank, kind, _ = _flat(plans, list(code))
     value = np.zeros(len(PASSES), np.int8)
     value[[PASSES.index(name) for name in code]] = list(code.values())
-    grid = np.zeros((len(plans), int(slot.max(initial=-1)) + 2), np.int8)
+    grid = np.zeros((len(plans), int(slot.max(initial=-1)) + 1 + spare), np.int8)
     grid[rank, slot] = value[kind]
     return grid
 
