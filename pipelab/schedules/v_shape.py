@@ -70,7 +70,8 @@ def _rank_actions(ranks: int, plans: list[Plan]) -> list[list[Action]]:
     authors' generator does (in these blocks one chunk at most is owed a W at a hole, as far
     as tests/test_v_shape.py looks: the other order gives the same schedules there), and the
     W's still owed at the end follow, chunk 1's first. Chunk 1's W's queue for the holes; chunk
-    0's for the holes chunk 1's leave (two queues in numpy, every rank at once)."""
+    0's for the holes chunk 1's leave (two queues in numpy, every rank at once; past a rank's
+    last action its holes run chunk 1's W's, then chunk 0's, the order of the list after it)."""
     grid = slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 3})
     holes = grid == 0
     up_runs = queue_runs(grid == 2, holes)

@@ -18,7 +18,11 @@ simulator's `i_frees=0`). Without a W list, the W's are assumed to run in the ho
 `peak` is the definition; the squeeze does not ask it for every slot it tries. Every rank stays
 within the limit all along (each move is taken only if it keeps it so), so a move is allowed
 exactly when the levels it changes stay within it, and the squeeze keeps each rank's level after
-every slot (`_ListedLevels`, `_HoleLevels`) and looks only at the slots a move changes.
+every slot (`_ListedLevels`, `_HoleLevels`) and looks only at the slots a move changes. Two
+actions never share a slot there: the plans come in with one a slot (`_movable` checks); the
+walk is in slot order and moves actions only earlier, so the actions walked so far are before
+the current one's slot and the others after it; and it moves only into a free slot before its
+own (so `_listed_peak`'s None never arises in a squeeze).
 """
 from __future__ import annotations
 
