@@ -7,13 +7,15 @@ rank's layers (a chunk forward holds ½). Simulated unless the test says live.""
 from __future__ import annotations
 
 import random
+from itertools import chain
 
 import pytest
 
 import pipelab as pl
 from pipelab.sim.compare import longest_span
-from pipelab.schedules.v_shape import INTERVAL, block_actions, v_half_block, v_min_block
-from pipelab.schedules.v_squeeze import peak
+from pipelab.schedules.v_shape import (INTERVAL, _block_plans, _rank_actions, block_actions,
+                                       v_half_block, v_min_block)
+from pipelab.schedules.v_squeeze import PASSES, peak, put_w_in_holes, squeeze
 
 CLOSED_PEAK = {"v-half": lambda p: (p + 2) // 2, "v-min": lambda p: (p + 4) // 3}
 RATIOS = [(1, 1, 1), (1, 1.5, 0.5), (1, 2, 1), (6, 5, 4)]
@@ -182,3 +184,137 @@ def test_squeeze_peak_is_the_slot_by_slot_walk():
         if listed:
             plan["W"] = slots[4 * n:]
         assert peak(plan) == _walked_peak(plan), plan
+
+
+# The squeeze as the paper states it, straight: every action in slot order tries each free slot
+# from its inputs on and takes the first where its rank's whole peak (`peak`, the definition
+# above) stays within the limit. v_squeeze.squeeze gets the same answer from levels it keeps.
+def _straight_squeeze(plans: list[dict], warmup: bool) -> list[dict]:
+    plans = [{name: list(slots) for name, slots in plan.items()} for plan in plans]
+    limit = max(peak(plan) for plan in plans)
+    last_rank, last_mb = len(plans) - 1, len(plans[0]["F0"]) - 1
+    inputs = {"F0": lambda r, k: [plans[r - 1]["F0"][k]] if r else [],
+              "F1": lambda r, k: [plans[r]["F0"][k]] + ([plans[r + 1]["F1"][k]] if r < last_rank else []),
+              "I1": lambda r, k: [plans[r]["F1"][k]] + ([plans[r - 1]["I1"][k]] if r else []),
+              "I0": lambda r, k: [plans[r]["I1"][k]] + ([plans[r + 1]["I0"][k]] if r < last_rank else []),
+              "W": lambda r, k: [sorted(plans[r]["I1"] + plans[r]["I0"])[k]]}
+    order = sorted((slot, rank, PASSES.index(name), k) for rank, plan in enumerate(plans)
+                   for name, slots in plan.items() for k, slot in enumerate(slots))
+    used = [set() for _ in plans]
+    phase = "warm-up"
+    for slot, rank, kind, k in order:
+        name, plan = PASSES[kind], plans[rank]
+        if phase == "warm-up" and name == "I0" and rank == 0:
+            phase = "steady"
+        if phase == "steady" and name == "F0" and k == last_mb:
+            phase = "cool-down"
+            used[rank].add(slot)
+            continue
+        if phase == "steady" or (phase == "warm-up" and not warmup):
+            used[rank].add(slot)
+            continue
+        start = max(inputs[name](rank, k) + ([plan[name][k - 1]] if k else []), default=-1) + 1
+        for earlier in range(start, slot):
+            if earlier not in used[rank]:
+                plan[name][k] = earlier
+                if peak(plan) <= limit:
+                    break
+        else:
+            plan[name][k] = slot
+        used[rank].add(plan[name][k])
+    return plans
+
+
+def _random_plans(rng: random.Random, ranks: int, microbatches: int) -> list[dict]:
+    """A random list schedule of the V's four passes: slot by slot, each rank runs one of its
+    ready actions at random, or (now and then) nothing; then each W in the first hole after its
+    backward, or (half the plans) in a random later one."""
+    names = PASSES[:4]
+    plans = [{name: [] for name in names} for _ in range(ranks)]
+    needs = {"F0": lambda r, k: [(r - 1, "F0")] if r else [],
+             "F1": lambda r, k: [(r, "F0")] + ([(r + 1, "F1")] if r < ranks - 1 else []),
+             "I1": lambda r, k: [(r, "F1")] + ([(r - 1, "I1")] if r else []),
+             "I0": lambda r, k: [(r, "I1")] + ([(r + 1, "I0")] if r < ranks - 1 else [])}
+    idle = rng.choice([0.1, 0.4])
+    slot = 0
+    while any(len(plan[name]) < microbatches for plan in plans for name in names):
+        for rank, plan in enumerate(plans):
+            ready = [name for name in names if len(plan[name]) < microbatches
+                     and all(len(plans[r][n]) > len(plan[name]) and plans[r][n][len(plan[name])] < slot
+                             for r, n in needs[name](rank, len(plan[name])))]
+            if ready and rng.random() > idle:
+                plan[rng.choice(ready)].append(slot)
+        slot += 1
+    if rng.random() < 0.5:
+        return [put_w_in_holes(plan) for plan in plans]
+    for plan in plans:
+        taken, plan["W"] = set(chain(*plan.values())), []
+        for back in sorted(plan["I1"] + plan["I0"]):
+            slot = max([back] + plan["W"][-1:]) + 1 + rng.choice([0, 0, 1, 3])
+            while slot in taken:
+                slot += 1
+            plan["W"].append(slot)
+            taken.add(slot)
+    return plans
+
+
+def test_the_squeeze_is_the_straight_one():
+    """v_squeeze.squeeze (levels kept per slot) against `_straight_squeeze` (a whole peak per
+    slot tried): random list schedules with and without their W's, and the V-Half and V-Min
+    blocks, both squeezes; every slot of every action equal."""
+    rng = random.Random(1)
+    cases = [_random_plans(rng, rng.randint(2, 5), rng.randint(1, 8)) for _ in range(60)]
+    cases += [[put_w_in_holes(plan) for plan in _block_plans(p, m, block)]
+              for block in (v_half_block, v_min_block) for p, m in [(2, 5), (3, 7), (4, 8), (6, 9)]]
+    for plans in cases:
+        for warmup in (True, False):
+            for given in (plans, [{name: plan[name] for name in PASSES[:4]} for plan in plans]):
+                assert squeeze(given, warmup) == _straight_squeeze(given, warmup), (given, warmup)
+
+
+def _straight_rank_actions(ranks: int, plans: list[dict]) -> list[list[pl.Action]]:
+    """Slot by slot: each action where its plan puts it; each hole runs the oldest W owed on
+    chunk 1, else on chunk 0; the W's still owed at the end follow, chunk 1's first."""
+    acts = []
+    for rank, plan in enumerate(plans):
+        stage = {"F0": rank, "F1": 2 * ranks - 1 - rank, "I1": 2 * ranks - 1 - rank, "I0": rank}
+        at = {slot: pl.Action(stage[name], name[0], mb) for name in PASSES[:4]
+              for mb, slot in enumerate(plan[name])}
+        up, down, row = [], [], []
+        for slot in range(max(at) + 1):
+            if slot in at:
+                row.append(at[slot])
+                if at[slot].kind == "I":
+                    (up if at[slot].stage >= ranks else down).append(pl.Action(at[slot].stage, "W", at[slot].microbatch))
+            elif up or down:
+                row.append((up or down).pop(0))
+        acts.append(row + up + down)
+    return acts
+
+
+def test_the_ws_fill_the_holes_as_the_straight_walk():
+    """v_shape's W's in the holes (two queues in numpy) against the slot-by-slot walk, on
+    random list schedules, where both chunks are often owed a W at one hole."""
+    rng = random.Random(2)
+    for _ in range(60):
+        ranks = rng.randint(2, 5)
+        plans = _random_plans(rng, ranks, rng.randint(1, 8))
+        assert _rank_actions(ranks, plans) == _straight_rank_actions(ranks, plans), plans
+
+
+def test_put_w_in_holes_is_the_slot_by_slot_walk():
+    """Each backward owes a W; each free slot runs one owed W; the W's still owed at the end
+    take the slots after the last action."""
+    rng = random.Random(3)
+    for _ in range(60):
+        plan = _random_plans(rng, 1, rng.randint(1, 12))[0]
+        taken, backwards = set(chain(*(plan[name] for name in PASSES[:4]))), set(plan["I1"] + plan["I0"])
+        slots, owed = [], 0
+        for slot in range(max(taken) + 1):
+            if slot in backwards:
+                owed += 1
+            elif slot not in taken and owed:
+                slots.append(slot)
+                owed -= 1
+        slots += range(max(taken) + 1, max(taken) + 1 + owed)
+        assert put_w_in_holes(plan)["W"] == slots, plan

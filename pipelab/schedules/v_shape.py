@@ -32,14 +32,15 @@ our I being its B), V-Min's only when F = I = W.
 """
 from __future__ import annotations
 
-from collections import deque
 from typing import Callable
+
+import numpy as np
 
 from .actions import F, I, W, Action
 from .base import Schedule
 from .placement import v_placement
 from .registry import register
-from .v_squeeze import PASSES, Plan, put_w_in_holes, squeeze
+from .v_squeeze import PASSES, Plan, put_ws_in_holes, queue_runs, slot_grid, squeeze
 
 INTERVAL = 6        # slots between one microbatch's block and the next: 2 F, 2 I, 2 W per rank
 
@@ -64,25 +65,34 @@ def _block_plans(ranks: int, microbatches: int, block_of: Callable) -> list[Plan
              for name, offset in zip(PASSES, block)} for block in block_of(ranks)]
 
 
-def _rank_actions(rank: int, ranks: int, plan: Plan) -> list[Action]:
-    """The rank's actions in slot order; each hole runs an owed W, chunk 1's first as the
+def _rank_actions(ranks: int, plans: list[Plan]) -> list[list[Action]]:
+    """Each rank's actions in slot order; each hole runs an owed W, chunk 1's first as the
     authors' generator does (in these blocks one chunk at most is owed a W at a hole, as far
-    as tests/test_v_shape.py looks: the other order gives the same schedules there)."""
-    down, up = rank, 2 * ranks - 1 - rank
-    makers = {"F0": (F, down), "F1": (F, up), "I1": (I, up), "I0": (I, down)}
-    slots = {slot: make(stage, mb) for name, (make, stage) in makers.items()
-             for mb, slot in enumerate(plan[name])}
-    acts: list[Action] = []
-    owed: dict[int, deque[Action]] = {up: deque(), down: deque()}
-    for slot in range(max(slots) + 1):
-        action = slots.get(slot)
-        if action is not None:
-            acts.append(action)
-            if action.kind == "I":
-                owed[action.stage].append(W(action.stage, action.microbatch))
-        elif owed[up] or owed[down]:
-            acts.append((owed[up] or owed[down]).popleft())
-    return acts + list(owed[up]) + list(owed[down])
+    as tests/test_v_shape.py looks: the other order gives the same schedules there), and the
+    W's still owed at the end follow, chunk 1's first. Chunk 1's W's queue for the holes; chunk
+    0's for the holes chunk 1's leave (two queues in numpy, every rank at once; past a rank's
+    last action its holes run chunk 1's W's, then chunk 0's, the order of the list after it)."""
+    grid = slot_grid(plans, {"F0": 1, "F1": 1, "I1": 2, "I0": 3})
+    holes = grid == 0
+    up_runs = queue_runs(grid == 2, holes)
+    down_runs = queue_runs(grid == 3, holes & ~up_runs)
+    acts = []
+    for rank, plan in enumerate(plans):
+        down, up = rank, 2 * ranks - 1 - rank
+        owed_up = [W(up, mb) for mb in np.argsort(plan["I1"], kind="stable").tolist()]
+        owed_down = [W(down, mb) for mb in np.argsort(plan["I0"], kind="stable").tolist()]
+        up_slots, down_slots = np.flatnonzero(up_runs[rank]), np.flatnonzero(down_runs[rank])
+        n_up, n_down = len(up_slots), len(down_slots)
+        made = ([F(down, mb) for mb in range(len(plan["F0"]))]
+                + [F(up, mb) for mb in range(len(plan["F1"]))]
+                + [I(up, mb) for mb in range(len(plan["I1"]))]
+                + [I(down, mb) for mb in range(len(plan["I0"]))]
+                + owed_up[:n_up] + owed_down[:n_down])
+        slots = np.concatenate([np.asarray(plan[name], np.int64) for name in PASSES[:4]]
+                               + [up_slots, down_slots])
+        acts.append([made[i] for i in np.argsort(slots).tolist()]
+                    + owed_up[n_up:] + owed_down[n_down:])
+    return acts
 
 
 def block_actions(ranks: int, microbatches: int, block_of: Callable,
@@ -92,10 +102,10 @@ def block_actions(ranks: int, microbatches: int, block_of: Callable,
     (cool-down only), the W's going back into whatever holes are left."""
     plans = _block_plans(ranks, microbatches, block_of)
     if squeezed:
-        plans = squeeze([put_w_in_holes(plan) for plan in plans], warmup=True)
+        plans = squeeze(put_ws_in_holes(plans), warmup=True)
         plans = squeeze([{name: plan[name] for name in PASSES[:4]} for plan in plans],
                         warmup=False)
-    return [_rank_actions(rank, ranks, plans[rank]) for rank in range(ranks)]
+    return _rank_actions(ranks, plans)
 
 
 def _v_schedule(name: str, ranks: int, microbatches: int, chunks: int,
