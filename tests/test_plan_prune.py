@@ -87,17 +87,22 @@ def test_prune_must_be_a_bool():
 def test_lone_step_times_are_step_time_stage_by_stage():
     """The bound's per-stage step times under tensor parallelism (numpy, all stages at once)
     are the simulator's `step_time` of each lone action, to the bit: with and without overlap,
-    all-reduces longer and shorter than W, zero on some stages, B costed by its spec (I + W)."""
+    all-reduces longer and shorter than W, zero on some stages, B costed by its spec (I + W);
+    and the gradient all-reduces' times are the simulator's."""
     import random
 
     from pipelab.schedules.actions import Action
     from pipelab.sim.tensor_overlap import lone_step_times, step_time
+    from pipelab.techniques.data_parallel import REDUCE, reduction_of
     rng = random.Random(7)
     for trial in range(60):
         n = rng.randint(1, 9)
         draw = lambda: [rng.choice([0.0, rng.uniform(0, 3)]) for _ in range(n)]   # noqa: E731
         table = dict(F=[rng.uniform(0.1, 3) for _ in range(n)], I=draw(), W=draw(),
-                     tp_allreduce=draw(), tp_overlap=trial % 2 == 0)
+                     tp_allreduce=draw(), tp_overlap=trial % 2 == 0,
+                     parameter_bytes=[rng.uniform(0, 1e9) for _ in range(n)],
+                     replicas=rng.randint(1, 9), bandwidth=rng.uniform(1e9, 1e11),
+                     latency=rng.uniform(0, 1e-4))
         if trial % 3 == 0:
             table["B"] = draw()
         costs = pl.Costs.per_stage(**table)
@@ -105,3 +110,6 @@ def test_lone_step_times_are_step_time_stage_by_stage():
             got = lone_step_times(costs, kind, n).tolist()
             want = [step_time(costs, Action(s, kind, 0))[0] for s in range(n)]
             assert got == want, (kind, table)
+        # and each stage's gradient all-reduce over the replicas, by its kind's stage_costs
+        assert costs.of_stages(REDUCE, n).tolist() == \
+            [costs.duration(reduction_of(s)) for s in range(n)], table

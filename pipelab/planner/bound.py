@@ -24,7 +24,7 @@ import numpy as np
 
 from ..sim.costs import Costs
 from ..sim.tensor_overlap import lone_step_times
-from ..techniques.data_parallel import reduction_of
+from ..techniques.data_parallel import REDUCE
 from ..techniques.recompute import RECOMPUTE
 from .rows import CODE, Rows
 
@@ -48,8 +48,7 @@ def chain_costs(costs: Costs, stages: int) -> np.ndarray | None:
     else:
         rows = [costs.of_stages(kind, stages) if _has(costs, kind) else np.zeros(stages)
                 for kind in CHAIN]
-    reduce = [costs.duration(reduction_of(s)) for s in range(stages)] \
-        if (costs.replicas or 1) > 1 else [0.0] * stages
+    reduce = costs.of_stages(REDUCE, stages) if (costs.replicas or 1) > 1 else np.zeros(stages)
     return np.array(rows + [reduce])
 
 

@@ -192,8 +192,8 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
     for name, p, dp, tp, ep, m, v, rows in shapes:
         key = (name, p, m, v)
         if key not in made:
-            base = _generated(SCHEDULES[name], name, p, m, v)
-            made[key] = None if base is None else [rows_of(base), None]
+            order = _rows(SCHEDULES[name], name, p, m, v)
+            made[key] = None if order is MISSING else [order, None]
         if made[key] is None:
             continue                             # the schedule does not exist at this size
         bounds = source.bounds(p * v, rows, name in VOCAB)
@@ -340,11 +340,29 @@ def _validated(generator, name: str, p: int, m: int, v: int, dp: int):
 def _generated(generator, name: str, p: int, m: int, v: int):
     """The schedule as its generator makes it, not validated (validating it with its
     all-reduces says the same), or None where the generator refuses the size."""
+    return _build(name, p, m, v)
+
+
+def _build(name: str, p: int, m: int, v: int):
+    """`_generated`, made afresh (its callers cache it, keyed on the generator)."""
     try:
         return build_schedule(name, ranks=p, microbatches=m,
                               **({"chunks": v} if name in CHUNKED else {}))
     except ValueError:
         return None
+
+
+MISSING = object()      # `_rows` of a size the generator refuses (None: a compound step's)
+
+
+# What the pruned search keeps of a schedule: three arrays, not an object per action (a plan of
+# 144 devices generates ~1,900 schedules, some of 10^5 actions). The schedule itself is made
+# again where a candidate is simulated (`_validated`).
+@lru_cache(maxsize=4096)
+def _rows(generator, name: str, p: int, m: int, v: int):
+    """`rows_of` the generated schedule (None where a step is a compound), or MISSING."""
+    base = _build(name, p, m, v)
+    return MISSING if base is None else rows_of(base)
 
 
 @lru_cache(maxsize=64)
@@ -355,7 +373,7 @@ def _recomputed(generator, name: str, p: int, m: int, v: int, dp: int):
 
 def clear_caches() -> None:
     """Forget the schedules built so far: the next plan starts cold (a benchmark's repeats)."""
-    for cache in (_validated, _generated, _recomputed):
+    for cache in (_validated, _generated, _recomputed, _rows):
         cache.cache_clear()
 
 

@@ -55,6 +55,7 @@ class ShapedModel:
         self.head = sum(probe[k][1] for k in "FIW")
         self._splits: dict[tuple[int, bool], list[tuple[int, int]]] = {}
         self._profiles: dict = {}       # what candidates share (_profiled), one each
+        self._blocks: dict = {}         # id(a split) -> (it, blocks per stage)
         self._models: dict = {}
         self._costs: dict = {}
 
@@ -102,9 +103,12 @@ class ShapedModel:
 
     def _profiled(self, c: Candidate) -> tuple:
         """What the candidate's profile depends on (beyond the shape and the device)."""
-        n = self.shape.layers
-        blocks = tuple(min(b, n + 1) - max(a, 1) for a, b in c.bounds)
-        return c.rows, blocks, c.tensor, c.recompute, VOCAB_PASSES.get(c.schedule), c.pipeline
+        split = self._blocks.get(id(c.bounds))      # candidates share the splits of bounds()
+        if split is None or split[0] is not c.bounds:
+            n = self.shape.layers
+            split = self._blocks[id(c.bounds)] = c.bounds, tuple(
+                min(b, n + 1) - max(a, 1) for a, b in c.bounds)
+        return c.rows, split[1], c.tensor, c.recompute, VOCAB_PASSES.get(c.schedule), c.pipeline
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""

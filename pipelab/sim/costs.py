@@ -283,13 +283,15 @@ class Costs:
         if value is None:                  # costed by its kind's spec: over arrays if it can
             spec = KIND_SPECS.get(kind)
             if spec is not None and spec.stage_costs is not None:
-                return spec.stage_costs(self, stages)
+                out = np.asarray(spec.stage_costs(self, stages), float)
+                return np.full(stages, out) if out.ndim == 0 else out   # (a constant rule)
             return np.array([self.of(kind, s) for s in range(stages)], float)
         return _stage_array(kind, value, stages)
 
-    def of_tp_allreduce_stages(self, stages: int) -> np.ndarray:
-        """`of_tp_allreduce(s)` for every stage s < `stages` at once."""
-        return _stage_array("tp_allreduce", self.tp_allreduce, stages)
+    def field_stages(self, name: str, stages: int) -> np.ndarray:
+        """A per-stage field (`tp_allreduce`, `parameter_bytes`, `activation_bytes`) for every
+        stage s < `stages` at once: what `of_tp_allreduce(s)` and the like read."""
+        return _stage_array(name, getattr(self, name), stages)
 
     def of_parameter_bytes(self, stage: int) -> float:
         return _at_stage("parameter_bytes", self.parameter_bytes, stage)

@@ -65,7 +65,7 @@ def lone_step_times(costs, kind: str, stages: int) -> np.ndarray:
     every stage s < `stages` at once, with a per-microbatch table: `step_time`'s float
     operations, stage by stage in numpy (the planner's bound asks for thousands of tables)."""
     work = costs.of_stages(kind, stages)
-    ar = costs.of_tp_allreduce_stages(stages) if reduces(kind) else np.zeros(stages)
+    ar = costs.field_stages("tp_allreduce", stages) if reduces(kind) else np.zeros(stages)
     after = costs.of_stages("W", stages) \
         if KIND_SPECS[kind].role == BACKWARD and costs.tp_overlap else np.zeros(stages)
     t = work - after

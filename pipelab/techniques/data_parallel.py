@@ -33,8 +33,15 @@ def _reduce_cost(costs, stage: int) -> float:
 
 REDUCE = ALL_REDUCE     # "AR": the runtime's gradient all-reduce (collectives.py) runs it
 
+def _reduce_stage_costs(costs, stages: int):
+    """`_reduce_cost` of every stage at once (the ring's arithmetic works on arrays)."""
+    return allreduce_time(costs.field_stages("parameter_bytes", stages), costs.replicas or 1,
+                          costs.bandwidth, costs.latency)
+
+
 register_kind(REDUCE, "all-reduce of the stage's gradients over its data-parallel replicas",
               inputs=_reduce_inputs, per_microbatch=False, lane="comm", cost=_reduce_cost,
+              stage_costs=_reduce_stage_costs,
               module="pipelab", role=REDUCTION, colour="#333333", label="all-reduce")
 
 
