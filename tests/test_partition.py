@@ -70,13 +70,27 @@ def test_per_stage_sums_match_the_model() -> None:
 def test_balanced_bounds_is_optimal_against_brute_force(seed: int) -> None:
     rng = random.Random(seed)
     n = rng.randint(1, 9)
-    weights = [rng.choice([rng.randint(1, 10), rng.random() * 50]) for _ in range(n)]
+    # a layer may weigh nothing (a shape's embedding lookup): still one layer a stage at least
+    weights = [rng.choice([rng.randint(1, 10), rng.random() * 50, 0.0]) for _ in range(n)]
     stages = rng.randint(1, n)
     bounds = balanced_bounds(weights, stages)
     assert len(bounds) == stages and bounds[0][0] == 0 and bounds[-1][1] == n
-    assert all(b > a for a, b in bounds)
-    got = max(sum(weights[a:b]) for a, b in bounds)
-    assert got == pytest.approx(brute_force_max(weights, stages), rel=1e-12)
+    assert all(b > a for a, b in bounds) and all(b == c for (_, b), (c, _) in zip(bounds, bounds[1:]))
+    loads = [sum(weights[a:b]) for a, b in bounds]
+    top = brute_force_max(weights, stages)
+    assert max(loads) == pytest.approx(top, rel=1e-12)
+    # the tie-break: the least sum of squares among the splits that reach that max
+    least = min(sum(x * x for x in split) for split in _splits(weights, stages)
+                if max(split) <= top * (1 + 1e-9) + 1e-12)
+    assert sum(x * x for x in loads) == pytest.approx(least, rel=1e-9, abs=1e-12)
+
+
+def _splits(weights: list[float], stages: int):
+    """Every contiguous split's stage loads."""
+    n = len(weights)
+    for cuts in itertools.combinations(range(1, n), stages - 1):
+        edges = (0, *cuts, n)
+        yield [sum(weights[a:b]) for a, b in zip(edges, edges[1:])]
 
 
 def test_min_max_is_not_min_sum_of_squares() -> None:

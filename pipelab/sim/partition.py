@@ -21,6 +21,7 @@ import statistics
 import time
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from ..checks import at_most, positive_int
@@ -285,28 +286,29 @@ def balanced_bounds(weights: Sequence[float], stages: int) -> list[tuple[int, in
     prefix = [0.0]
     for w in weights:
         prefix.append(prefix[-1] + w)
-
-    def load(a: int, b: int) -> float:
-        return prefix[b] - prefix[a]
-
+    edge = np.array(prefix)
+    load = edge[None, :] - edge[:, None]           # load[j, i]: layers [j, i) as one stage
+    earlier = np.tri(n + 1, k=-1, dtype=bool).T    # j < i: a stage holds a layer at least
     inf = float("inf")
-    # best[k][i]: lightest possible heaviest stage when layers [0, i) form k stages.
-    best = [[inf] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
+    # best[k][i]: lightest possible heaviest stage when layers [0, i) form k stages (each
+    # row over every i at once: the minimum over j of max(best[k − 1][j], load[j, i])).
+    best = np.full((stages + 1, n + 1), inf)
+    best[0, 0] = 0.0
     for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            best[k][i] = min(max(best[k - 1][j], load(j, i)) for j in range(k - 1, i))
+        best[k] = np.where(earlier, np.maximum(best[k - 1][:, None], load), inf).min(axis=0)
     limit = best[stages][n] * (1 + 1e-12) + 1e-12    # tolerance for float layer times
 
-    # Second pass: minimum sum of squares subject to every stage <= the optimal max.
-    square = [[inf] * (n + 1) for _ in range(stages + 1)]
-    cut = [[0] * (n + 1) for _ in range(stages + 1)]
-    square[0][0] = 0.0
+    # Second pass: minimum sum of squares subject to every stage <= the optimal max; among
+    # equal sums the first cut j (argmin takes the first), as a scan of j upwards would.
+    allowed = earlier & (load <= limit)
+    square = np.full((stages + 1, n + 1), inf)
+    cut = np.zeros((stages + 1, n + 1), int)
+    square[0, 0] = 0.0
     for k in range(1, stages + 1):
-        for i in range(k, n - (stages - k) + 1):
-            for j in range(k - 1, i):
-                if load(j, i) <= limit and square[k - 1][j] + load(j, i) ** 2 < square[k][i]:
-                    square[k][i], cut[k][i] = square[k - 1][j] + load(j, i) ** 2, j
+        sums = np.where(allowed, square[k - 1][:, None] + load * load, inf)
+        cut[k] = sums.argmin(axis=0)
+        square[k] = sums[cut[k], np.arange(n + 1)]
+    cut = cut.tolist()
     bounds, stop = [], n
     for k in range(stages, 0, -1):
         bounds.append((cut[k][stop], stop))
