@@ -63,10 +63,13 @@ class Stacked(NamedTuple):
     released: np.ndarray
 
 
-def stacked(table: Table) -> Stacked:
-    kinds = tuple(table)
-    return Stacked(kinds, np.array([table[k][0] for k in kinds]),
-                   np.array([table[k][1] for k in kinds]))
+def stacked(table: dict[str, list[tuple[float, float]]]) -> Stacked:
+    """`kind_table(table)` stacked: a source's byte table read once (each rule one row)."""
+    rules = {kind: rule for kind, rule in byte_rules().items() if rule in table}
+    used = list(dict.fromkeys(rules.values()))
+    rows = np.array([table[rule] for rule in used])       # rule × stage × (added, released)
+    pick = [used.index(rule) for rule in rules.values()]
+    return Stacked(tuple(rules), rows[pick, :, 0], rows[pick, :, 1])
 
 
 def order_peaks(rows: Rows, table: Stacked) -> list[int]:

@@ -208,7 +208,7 @@ def _pruned(source, shapes, recompute, budget: float) -> list[Candidate]:
             else:
                 costs, c.static, table = source.model(c, order)
                 if id(table) not in tables:        # a source shares its byte tables too
-                    tables[id(table)] = table, stacked(kind_table(table))
+                    tables[id(table)] = table, stacked(table)
                 c.activation_peak = order_peaks(order, tables[id(table)][1])
                 c.memory_by_rank = [s + a for s, a in zip(c.static, c.activation_peak)]
                 if id(costs) not in chains:       # a source shares one costs object

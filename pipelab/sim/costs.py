@@ -354,7 +354,7 @@ def _checked(name: str, value, per_stage: bool = True):
     # The common case at once (a planner builds thousands of tables): plain floats with a
     # finite sum (so no NaN, no infinity, and `min` is the true least) and none below 0.
     # Anything else (ints, numpy numbers, bad values) is judged one by one below.
-    if many and all(type(v) is float for v in values) and math.isfinite(sum(values)) \
+    if many and set(map(type, values)) <= {float} and math.isfinite(sum(values)) \
             and min(values, default=0.0) >= 0.0:
         return values
     if not all(_is_time(v) for v in values):

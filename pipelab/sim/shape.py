@@ -157,15 +157,17 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
     logits = b * s * V * LOGIT / t
     head_fwd = secs(hf) + device.memory_time(HEAD_PASSES[0] * logits)
     head_bwd_i = secs(hi) + device.memory_time(HEAD_PASSES[1] * logits)
-    F = [n * secs(lf) for n in layout]
-    I = [n * secs(li + lr) for n in layout]
-    W = [n * secs(lw) for n in layout]
+    block_f, block_i, block_w = secs(lf), secs(li + lr), secs(lw)   # one block's passes
+    F = [n * block_f for n in layout]
+    I = [n * block_i for n in layout]
+    W = [n * block_w for n in layout]
     if not vocab:               # the output layer on the last stage
         F[-1] += head_fwd
         I[-1] += head_bwd_i
         W[-1] += secs(hw)
     message = b * s * h * ACTIVATION / (t if sequence_parallel else 1)
-    tp = [n * 2 * device.allreduce_time(b * s * h * ACTIVATION, t, tensor=True) for n in layout]
+    block_tp = device.allreduce_time(b * s * h * ACTIVATION, t, tensor=True)
+    tp = [n * 2 * block_tp for n in layout]
     kinds = _vocab_kinds(shape, b, t, ranks, device, vocab_schedule) if vocab else {}
 
     per_layer = layer_parameters(h, f, t)
