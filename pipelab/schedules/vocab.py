@@ -27,11 +27,13 @@ in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
 """
 from __future__ import annotations
 
+from itertools import chain, cycle, repeat
+
 import numpy as np
 
-from .actions import Action, B, F
+from . import vocab_timing as timing
+from .actions import Action
 from .base import Schedule
-from .graph import execution_order, timed_run
 from ..model.memory_rules import FREES_SHARD, KEEPS_SHARD
 from .kinds import (ACTIVATION, COMMUNICATION, EMBEDDED, OUTPUT_GRADIENT, SHARD_PASS, Input,
                     register_kind)
@@ -112,25 +114,33 @@ register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-a
               module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embed bwd")
 
 
+def _actions(stage, kind, microbatches) -> list[Action]:
+    """Action(stage, kind, i) for each i of `microbatches` (and each stage of `stage`, each
+    kind of `kind`, where those are lists too), built in C: no Python step per action."""
+    s = repeat(stage) if type(stage) is int else stage
+    k = repeat(kind) if type(kind) is str else kind
+    return list(map(_new, repeat(Action), zip(s, k, microbatches)))
+
+
 def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
     """1F1B's order for one rank with `extra` more warm-up forwards."""
     warmup = min(ranks - rank - 1 + extra, m)
-    acts = [F(rank, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        acts += [F(rank, warmup + i), B(rank, i)]
-    return acts + [B(rank, i) for i in range(m - warmup, m)]
+    forwards, backwards = _actions(rank, "F", range(m)), _actions(rank, "B", range(m))
+    steady = [None] * (2 * (m - warmup))
+    steady[0::2], steady[1::2] = forwards[warmup:], backwards[:m - warmup]
+    return forwards[:warmup] + steady + backwards[m - warmup:]
 
 
 # The unit costs the passes are placed with: the constants of the authors' scripts (F=1, B=2),
 # a split backward's halves one each (their V-shape patterns give F, B and W one slot each).
 UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+SHARD_KINDS = ("S", "T")          # on each rank's first stage; the rest on one stage for all
 
 
 def unit_times(base: Schedule) -> dict[Action, tuple[float, float]]:
     """(start, end) of each action of `base` on unit costs (timed along the schedule's own
     dataflow graph: a generator does not need the simulator)."""
-    return {step: (start, end) for _, step, start, end
-            in timed_run(execution_order(base), lambda a: UNIT[a[1]])}
+    return timing.unit_times(base, UNIT)
 
 
 def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> Schedule:
@@ -145,12 +155,13 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     run on each rank's first stage, the barriers are written on the last stage, the embedding
     collectives on stage 0."""
     p, m, last = base.ranks, base.microbatches, base.stages - 1
-    when = unit_times(base)
+    when = timing.timeline(base, UNIT, (0, last))
     period = sum(UNIT[a[1]] for a in base.actions[0]) / m
     # The last stage's backward of i waits for its barrier (with two, T(i)'s C1 too), hence for
     # S(i) on every rank: nothing may be due after that backward starts, or the ranks deadlock.
-    grad = [when[base.input_grad_action(last, i)][0] for i in range(m)]
-    due = [min(when[F(last, i)][1] + delay, grad[i]) for i in range(m)]
+    grad_at = when.start[when.grad[last]]
+    grad = grad_at.tolist()
+    due = np.minimum(when.end[when.forward[last]] + delay, grad_at).tolist()
     steps = [[("S", i), ("Cs" if barriers == 2 else "C", i)] for i in range(m)]
     # T(i) (and its C1) is due with the next step; with two barriers no later than the last
     # stage's backward of i, and the last one a backward ahead of the last (in the cool-down;
@@ -175,8 +186,8 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     # For every j at once (m × m comparisons in numpy, not in Python): the last step due a
     # period before stage 0's forward of j, and the first due after its input gradient.
     due_at = np.array(due)
-    fwd = np.array([when[F(0, j)][0] for j in range(m)])
-    grads = np.array([when[base.input_grad_action(0, j)][1] for j in range(m)])
+    fwd = when.start[when.forward[0]]
+    grads = when.end[when.grad[0]]
     before = (due_at + period)[None, :] <= fwd[:, None]
     after = due_at[None, :] >= grads[:, None]
     last_before = np.where(before.any(1), m - 1 - before[:, ::-1].argmax(1), -1).tolist()
@@ -190,20 +201,44 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     groups += [(due[i], (i, 1), steps[i]) for i in range(m)]
     groups = [(0.0, opening)] + [(d, items) for d, _, items in sorted(groups)] + \
         [(float("inf"), ending)]
+    return Schedule(_place(base, when, groups), base.placement, m, name=name or base.name)
 
-    actions = []
-    for r in range(p):
-        own, out, k = base.actions[r], [], 0
-        mine = base.stages_of(r)[0]
-        for at, items in groups:       # at rank r's first action boundary at or after `at`
-            while k < len(own) and when[own[k]][0] < at:
-                out.append(own[k])
-                k += 1
-            for kind, i in items:
-                stage = mine if kind in ("S", "T") else (0 if kind in ("Vf", "Vb") else last)
-                out.append(Action(stage, kind, i))
-        actions.append(out + list(own[k:]))
-    return Schedule(actions, base.placement, m, name=name or base.name)
+
+def _place(base: Schedule, when: timing.Timeline,
+           groups: list[tuple[float, list[tuple[str, int]]]]) -> list[list]:
+    """Each rank's actions with every group's passes at the rank's first action boundary at
+    or after the group's time, the groups in order (their times never decrease).
+
+    A rank's actions start one after another (every unit cost is positive), so the passes
+    before its action j are those of the groups due at or before j's start: one binary search
+    for every action of every rank at once. The lists are then filled in numpy from the base's
+    actions and the passes, each pass made once for all ranks (S and T once per rank)."""
+    p, last = base.ranks, base.stages - 1
+    items = [item for _, group in groups for item in group]
+    n, k = when.bounds[-1], len(items)
+    items_before = np.cumsum([0] + [len(group) for _, group in groups])
+    due = np.searchsorted(np.array([at for at, _ in groups]), when.start, side="right")
+    rank = np.repeat(np.arange(p), np.diff(when.bounds))
+    # Rank r's list starts after the r lists before it: their actions and k passes each.
+    own = np.arange(n) + rank * k + items_before[due]
+    firsts = [0] * p
+    for stage in range(len(base.placement) - 1, -1, -1):
+        firsts[base.placement[stage]] = stage
+    kinds, mbs = [kind for kind, _ in items], [i for _, i in items]
+    shard = [c for c, kind in enumerate(kinds) if kind in SHARD_KINDS]
+    passes = np.empty((p, k), object)
+    passes[:] = np.fromiter(_actions([0 if kind in ("Vf", "Vb") else last for kind in kinds],
+                                     kinds, mbs), object, k)
+    on_each = _actions(chain.from_iterable(repeat(stage, len(shard)) for stage in firsts),
+                       cycle([kinds[c] for c in shard]), cycle([mbs[c] for c in shard]))
+    passes[:, shard] = np.fromiter(on_each, object, p * len(shard)).reshape(p, len(shard))
+    out = np.empty(n + p * k, object)
+    theirs = np.ones(n + p * k, bool)
+    theirs[own] = False
+    out[own] = np.fromiter(chain.from_iterable(base.actions), object, n)
+    out[theirs] = passes.ravel()
+    ends = (np.array(when.bounds) + k * np.arange(p + 1)).tolist()
+    return [out[a:b].tolist() for a, b in zip(ends, ends[1:])]
 
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
