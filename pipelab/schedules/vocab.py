@@ -27,7 +27,7 @@ in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
 """
 from __future__ import annotations
 
-from itertools import chain, cycle, repeat
+from itertools import chain, islice, repeat
 
 import numpy as np
 
@@ -114,21 +114,40 @@ register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-a
               module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embed bwd")
 
 
-def _actions(stage, kind, microbatches) -> list[Action]:
-    """Action(stage, kind, i) for each i of `microbatches` (and each stage of `stage`, each
-    kind of `kind`, where those are lists too), built in C: no Python step per action."""
-    s = repeat(stage) if type(stage) is int else stage
-    k = repeat(kind) if type(kind) is str else kind
-    return list(map(_new, repeat(Action), zip(s, k, microbatches)))
+class ActionRows:
+    """Rows of actions shared by every schedule built here: `get(stage, kind, m)` is a list
+    whose first m entries are Action(stage, kind, i), i < m. An action is an immutable value,
+    and making 10^5 of them for each schedule (a tuple each) cost a quarter of the vocabulary
+    generators' time. Once `limit` actions are held the rows start again from empty."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+        self.rows: dict[tuple[int, str], list[Action]] = {}
+
+    def get(self, stage: int, kind: str, m: int) -> list[Action]:
+        row = self.rows.get((stage, kind))
+        if row is None or len(row) < m:
+            have = 0 if row is None else len(row)
+            if self.held + m - have > self.limit:
+                self.rows.clear()
+                self.held, row, have = 0, None, 0
+            if row is None:
+                row = self.rows[(stage, kind)] = []
+            row.extend(map(_new, repeat(Action), zip(repeat(stage), repeat(kind), range(have, m))))
+            self.held += m - have
+        return row
+
+
+ROWS = ActionRows(limit=1 << 20)        # about 80 MB of actions at most
 
 
 def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
     """1F1B's order for one rank with `extra` more warm-up forwards."""
     warmup = min(ranks - rank - 1 + extra, m)
-    forwards, backwards = _actions(rank, "F", range(m)), _actions(rank, "B", range(m))
+    forwards, backwards = ROWS.get(rank, "F", m), ROWS.get(rank, "B", m)
     steady = [None] * (2 * (m - warmup))
-    steady[0::2], steady[1::2] = forwards[warmup:], backwards[:m - warmup]
-    return forwards[:warmup] + steady + backwards[m - warmup:]
+    steady[0::2], steady[1::2] = forwards[warmup:m], backwards[:m - warmup]
+    return forwards[:warmup] + steady + backwards[m - warmup:m]
 
 
 # The unit costs the passes are placed with: the constants of the authors' scripts (F=1, B=2),
@@ -211,9 +230,10 @@ def _place(base: Schedule, when: timing.Timeline,
 
     A rank's actions start one after another (every unit cost is positive), so the passes
     before its action j are those of the groups due at or before j's start: one binary search
-    for every action of every rank at once. The lists are then filled in numpy from the base's
-    actions and the passes, each pass made once for all ranks (S and T once per rank)."""
-    p, last = base.ranks, base.stages - 1
+    for every action of every rank at once. The lists are then one gather from a pool: the
+    base's actions and a row of ROWS for each pass's stage and kind (S and T on each rank's
+    first stage, the barriers on the last, the embedding collectives on stage 0)."""
+    p, m, last = base.ranks, base.microbatches, base.stages - 1
     items = [item for _, group in groups for item in group]
     n, k = when.bounds[-1], len(items)
     items_before = np.cumsum([0] + [len(group) for _, group in groups])
@@ -224,19 +244,27 @@ def _place(base: Schedule, when: timing.Timeline,
     firsts = [0] * p
     for stage in range(len(base.placement) - 1, -1, -1):
         firsts[base.placement[stage]] = stage
-    kinds, mbs = [kind for kind, _ in items], [i for _, i in items]
-    shard = [c for c, kind in enumerate(kinds) if kind in SHARD_KINDS]
-    passes = np.empty((p, k), object)
-    passes[:] = np.fromiter(_actions([0 if kind in ("Vf", "Vb") else last for kind in kinds],
-                                     kinds, mbs), object, k)
-    on_each = _actions(chain.from_iterable(repeat(stage, len(shard)) for stage in firsts),
-                       cycle([kinds[c] for c in shard]), cycle([mbs[c] for c in shard]))
-    passes[:, shard] = np.fromiter(on_each, object, p * len(shard)).reshape(p, len(shard))
-    out = np.empty(n + p * k, object)
+    kinds = sorted({kind for kind, _ in items})
+    shared = [kind for kind in kinds if kind not in SHARD_KINDS]
+    rows = [(0 if kind in ("Vf", "Vb") else last, kind) for kind in shared] + \
+        [(stage, kind) for stage in firsts for kind in SHARD_KINDS]
+    # Pool: the base's n actions, then m of each row: the shared kinds', then each rank's S, T.
+    pool = np.fromiter(chain(chain.from_iterable(base.actions),
+                             *(islice(ROWS.get(stage, kind, m), m) for stage, kind in rows)),
+                       object, n + len(rows) * m)
+    # The row of each pass on each rank: a shared kind's own, or rank r's row of S or T.
+    code = {kind: c for c, kind in enumerate(shared)}
+    code.update({kind: c for c, kind in enumerate(SHARD_KINDS)})
+    row = np.array([code[kind] for kind, _ in items])
+    on_rank = np.array([kind in SHARD_KINDS for kind, _ in items])
+    row = np.where(on_rank, len(shared) + len(SHARD_KINDS) * np.arange(p)[:, None] + row, row)
+    pick = n + m * row + np.array([i for _, i in items])
+    order = np.empty(n + p * k, np.int64)
     theirs = np.ones(n + p * k, bool)
     theirs[own] = False
-    out[own] = np.fromiter(chain.from_iterable(base.actions), object, n)
-    out[theirs] = passes.ravel()
+    order[own] = np.arange(n)
+    order[theirs] = pick.ravel()
+    out = pool[order]
     ends = (np.array(when.bounds) + k * np.arange(p + 1)).tolist()
     return [out[a:b].tolist() for a, b in zip(ends, ends[1:])]
 
