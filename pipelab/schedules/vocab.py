@@ -141,13 +141,25 @@ class ActionRows:
 ROWS = ActionRows(limit=1 << 20)        # about 80 MB of actions at most
 
 
-def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
-    """1F1B's order for one rank with `extra` more warm-up forwards."""
-    warmup = min(ranks - rank - 1 + extra, m)
-    forwards, backwards = ROWS.get(rank, "F", m), ROWS.get(rank, "B", m)
-    steady = [None] * (2 * (m - warmup))
-    steady[0::2], steady[1::2] = forwards[warmup:m], backwards[:m - warmup]
-    return forwards[:warmup] + steady + backwards[m - warmup:m]
+def one_f_one_b(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.Rows]:
+    """1F1B with `extra` more warm-up forwards on every rank, and its rows. Rank r runs
+    w = min(p−1−r+extra, m) forwards, then F(w+j) B(j) for j < m−w, then the last w backwards:
+    computed for every rank and place at once, the actions gathered from ROWS."""
+    place = np.arange(2 * m)
+    warmup = np.minimum(ranks - 1 - np.arange(ranks) + extra, m)[:, None]
+    j = place - warmup                               # steady state: F(w + j/2), B((j−1)/2)
+    steady = (place >= warmup) & (place < 2 * m - warmup)
+    backward = np.where(place < warmup, 0, np.where(steady, j % 2, 1))
+    mb = np.where(place < warmup, place, np.where(steady, np.where(j % 2, j // 2, warmup + j // 2),
+                                                  place - m))
+    # Rank r's row of F, then of B, in a pool: F(r, i) is pool[2rm + i], B(r, i) pool[2rm + m + i].
+    pool = np.fromiter(chain.from_iterable(islice(ROWS.get(r, kind, m), m) for r in range(ranks)
+                                           for kind in ("F", "B")), object, 2 * ranks * m)
+    picked = pool[(2 * np.arange(ranks)[:, None] + backward) * m + mb]
+    base = Schedule([acts.tolist() for acts in picked], tuple(range(ranks)), m,
+                    name="1f1b+warm-up")
+    stage = np.repeat(np.arange(ranks), 2 * m)
+    return base, timing.Rows(stage, backward.ravel() * timing.BASE_KINDS.index("B"), mb.ravel())
 
 
 # The unit costs the passes are placed with: the constants of the authors' scripts (F=1, B=2),
@@ -162,7 +174,8 @@ def unit_times(base: Schedule) -> dict[Action, tuple[float, float]]:
     return timing.unit_times(base, UNIT)
 
 
-def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> Schedule:
+def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "",
+          rows: timing.Rows | None = None) -> Schedule:
     """`base` (forwards and backwards only, every rank already holding one more microbatch per
     barrier) with the vocabulary passes woven in; `barriers` is 2 (C0 and C1) or 1 (fused C).
 
@@ -172,9 +185,9 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     period (a rank's unit work per microbatch) before stage 0's forward of j, or first of all;
     Vb(i) with the first step after stage 0's input gradient of i, or at the very end. S and T
     run on each rank's first stage, the barriers are written on the last stage, the embedding
-    collectives on stage 0."""
+    collectives on stage 0. `rows`, if `base` was made from them: its actions as arrays."""
     p, m, last = base.ranks, base.microbatches, base.stages - 1
-    when = timing.timeline(base, UNIT, (0, last))
+    when = timing.timeline(base, UNIT, (0, last), rows)
     period = sum(UNIT[a[1]] for a in base.actions[0]) / m
     # The last stage's backward of i waits for its barrier (with two, T(i)'s C1 too), hence for
     # S(i) on every rank: nothing may be due after that backward starts, or the ranks deadlock.
@@ -271,9 +284,8 @@ def _place(base: Schedule, when: timing.Timeline,
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
     """1F1B with the vocabulary passes woven in; `barriers` is 2 (Vocab-1) or 1 (Vocab-2)."""
-    base = Schedule([_one_f_one_b(r, ranks, microbatches, extra=barriers) for r in range(ranks)],
-                    tuple(range(ranks)), microbatches, name="1f1b+warm-up")
-    return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2")
+    base, rows = one_f_one_b(ranks, microbatches, extra=barriers)
+    return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2", rows=rows)
 
 
 @register("vocab-1")

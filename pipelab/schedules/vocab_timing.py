@@ -47,18 +47,41 @@ def unit_times(base, costs: Mapping[str, float]) -> dict[object, tuple[float, fl
             in timed_run(execution_order(base), lambda a: costs[a[1]])}
 
 
-def timeline(base, costs: Mapping[str, float], stages: Sequence[int]) -> Timeline:
+class Rows(NamedTuple):
+    """A schedule's actions by row (rank after rank, each in program order): stage, kind
+    (its number in BASE_KINDS) and microbatch of each, as arrays."""
+    stage: np.ndarray
+    kind: np.ndarray
+    mb: np.ndarray
+
+
+def rows_of(base) -> Rows | None:
+    """`base` as Rows; None if it runs a kind not in BASE_KINDS (or a compound step)."""
+    flat = list(chain.from_iterable(base.actions))
+    n = len(flat)
+    kind = np.fromiter(map(_CODE.get, map(itemgetter(1), flat), repeat(-1)), np.int64, n)
+    if not n or kind.min() < 0:
+        return None
+    return Rows(np.fromiter(map(itemgetter(0), flat), np.int64, n), kind,
+                np.fromiter(map(itemgetter(2), flat), np.int64, n))
+
+
+def timeline(base, costs: Mapping[str, float], stages: Sequence[int],
+             rows: Rows | None = None) -> Timeline:
     """`base` timed with each kind taking `costs[kind]` (no communication time, every kind on
-    the compute lane), the forward and input-gradient rows read for `stages`."""
-    found = walked(base, costs, stages)
+    the compute lane), the forward and input-gradient rows read for `stages`. `rows`, if the
+    caller made `base` from them, saves reading them back off its actions."""
+    found = walked(base, costs, stages, rows)
     return found if found is not None else _by_graph(base, costs, stages)
 
 
-def walked(base, costs: Mapping[str, float], stages: Sequence[int]) -> Timeline | None:
+def walked(base, costs: Mapping[str, float], stages: Sequence[int],
+           rows: Rows | None = None) -> Timeline | None:
     """The fast way: None unless `base` is plain F, B, I and W on one route, each action
     once, every input there, every kind costed (the general way then times it, or explains
     what is wrong)."""
-    found = _edges(base)
+    rows = rows_of(base) if rows is None else rows
+    found = None if rows is None or base.routes is not None else _edges(base, rows)
     if found is None or any(k not in costs for k in BASE_KINDS):
         return None
     kind, wait, bounds, forward, grad = found
@@ -71,27 +94,20 @@ def walked(base, costs: Mapping[str, float], stages: Sequence[int]) -> Timeline 
                     {s: grad[s] for s in stages})
 
 
-def _edges(base):
-    """(kind, wait, bounds, forward, grad) of a plain F/B/I/W schedule, by row (rank after
-    rank): its kind's number in BASE_KINDS; the row of its input made on another rank (n, the
+def _edges(base, rows: Rows):
+    """(kind, wait, bounds, forward, grad) of a plain F/B/I/W schedule on one route, by row:
+    its kind's number in BASE_KINDS; the row of its input made on another rank (n, the
     number of rows, if none); where each rank's rows start (and the last ends); the rows of
     F(s, i) and of the producer of s's input gradient of i, as forward[s][i] and grad[s][i].
-    None for anything else: another kind, B and I both, an action twice, an input missing or
-    made later on its own rank, its own stage's input made on another rank.
+    None for anything else: B and I both, an action out of range or twice, an input missing
+    or made later on its own rank, its own stage's input made on another rank.
 
     The rules are kinds.py's (bulk.py's over arrays) for these four kinds on one route: F
     reads the stage before's F; B and I their own F and the stage after's input gradient (its
     I when split, else its B); W its own I. Here without the index and the tables that those
     build for any kind: the weave times bases of 10^5 actions, at every size the planner asks."""
-    if base.routes is not None:
-        return None
-    flat = list(chain.from_iterable(base.actions))
-    n, m, stages = len(flat), base.microbatches, base.stages
-    kind = np.fromiter(map(_CODE.get, map(itemgetter(1), flat), repeat(-1)), np.int64, n)
-    if not n or kind.min() < 0:
-        return None                        # another kind, or a compound step
-    stage = np.fromiter(map(itemgetter(0), flat), np.int64, n)
-    mb = np.fromiter(map(itemgetter(2), flat), np.int64, n)
+    stage, kind, mb = rows
+    n, m, stages = len(kind), base.microbatches, base.stages
     if min(stage.min(), mb.min()) < 0 or stage.max() >= stages or mb.max() >= m:
         return None
     used = np.bincount(kind, minlength=len(BASE_KINDS))
@@ -100,11 +116,13 @@ def _edges(base):
     back = _I if used[_I] else _B          # what makes a stage's input gradient
     lengths = [len(acts) for acts in base.actions]
     bounds = np.cumsum([0] + lengths)
-    rows = np.arange(n)
+    if bounds[-1] != n:
+        return None                        # rows that are not the schedule's
+    row = np.arange(n)
     # Row of (kind, stage, microbatch), stage `stages` being past the last: no action.
     where = np.full(len(BASE_KINDS) * (stages + 1) * m, -1, np.int64)
     key = (kind * (stages + 1) + stage) * m + mb
-    where[key] = rows
+    where[key] = row
     if np.count_nonzero(where >= 0) != n:
         return None                        # an action twice
     # The input from the stage before (F) or after (B, I), none at the route's ends; and the
@@ -119,8 +137,8 @@ def _edges(base):
         return None                        # an input no action makes
     first = np.repeat(bounds[:-1], lengths)       # each row's rank: first..past its rows
     past = np.repeat(bounds[1:], lengths)
-    if (((own >= 0) & ((own < first) | (own >= rows)))
-            | ((across >= rows) & (across < past))).any():
+    if (((own >= 0) & ((own < first) | (own >= row)))
+            | ((across >= row) & (across < past))).any():
         return None                        # made later on its own rank, or own on another
     wait = np.where((across >= 0) & ((across < first) | (across >= past)), across, n)
     table = where.reshape(len(BASE_KINDS), stages + 1, m)
