@@ -272,12 +272,11 @@ def _place(base: Schedule, when: timing.Timeline,
     on_rank = np.array([kind in SHARD_KINDS for kind, _ in items])
     row = np.where(on_rank, len(shared) + len(SHARD_KINDS) * np.arange(p)[:, None] + row, row)
     pick = n + m * row + np.array([i for _, i in items])
-    order = np.empty(n + p * k, np.int64)
+    out = np.empty(n + p * k, object)
     theirs = np.ones(n + p * k, bool)
     theirs[own] = False
-    order[own] = np.arange(n)
-    order[theirs] = pick.ravel()
-    out = pool[order]
+    out[own] = pool[:n]
+    out[theirs] = pool[pick.ravel()]
     ends = (np.array(when.bounds) + k * np.arange(p + 1)).tolist()
     return [out[a:b].tolist() for a, b in zip(ends, ends[1:])]
 
