@@ -26,7 +26,7 @@ def _v_half(p: int, m: int, widen: int) -> Schedule:
 
 # Every shape of base the generators time, and schedules they do not (split backwards with W
 # late, a squeezed V, GPipe), on costs that are not whole numbers: the same floats or a bug.
-BASES = [(f"1f1b+{e} {p}x{m}", lambda p=p, m=m, e=e: vocab.one_f_one_b(p, m, e)[0])
+BASES = [(f"1f1b+{e} {p}x{m}", lambda p=p, m=m, e=e: vocab.one_f_one_b_rows(p, m, e)[0])
          for p, m, e in [(1, 3, 2), (2, 1, 1), (3, 7, 2), (4, 9, 1), (5, 3, 0)]] + \
     [(f"v-half+{w} {p}x{m}", lambda p=p, m=m, w=w: _v_half(p, m, w))
      for p, m, w in [(2, 4, 1), (3, 7, 2), (4, 9, 0), (5, 2, 1)]] + \
@@ -81,7 +81,7 @@ def _one_f_one_b_written_out(rank: int, ranks: int, m: int, extra: int) -> list:
 
 def test_one_f_one_b_rows_are_its_order():
     for p, m, extra in [(1, 1, 2), (2, 5, 1), (4, 3, 2), (5, 12, 0), (6, 7, 2)]:
-        base, rows = vocab.one_f_one_b(p, m, extra)
+        base, rows = vocab.one_f_one_b_rows(p, m, extra)
         assert base.actions == [_one_f_one_b_written_out(r, p, m, extra) for r in range(p)]
         again = vocab_timing.rows_of(base)
         assert all((a == b).all() for a, b in zip(rows, again)), (p, m, extra)

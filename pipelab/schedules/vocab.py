@@ -141,7 +141,7 @@ class ActionRows:
 ROWS = ActionRows(limit=1 << 20)        # about 80 MB of actions at most
 
 
-def one_f_one_b(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.Rows]:
+def one_f_one_b_rows(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.Rows]:
     """1F1B with `extra` more warm-up forwards on every rank, and its rows. Rank r runs
     w = min(p−1−r+extra, m) forwards, then F(w+j) B(j) for j < m−w, then the last w backwards:
     computed for every rank and place at once, the actions gathered from ROWS."""
@@ -283,7 +283,7 @@ def _place(base: Schedule, when: timing.Timeline,
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
     """1F1B with the vocabulary passes woven in; `barriers` is 2 (Vocab-1) or 1 (Vocab-2)."""
-    base, rows = one_f_one_b(ranks, microbatches, extra=barriers)
+    base, rows = one_f_one_b_rows(ranks, microbatches, extra=barriers)
     return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2", rows=rows)
 
 
