@@ -138,7 +138,7 @@ class ActionRows:
         return row
 
 
-ROWS = ActionRows(limit=1 << 20)        # about 80 MB of actions at most
+ROWS = ActionRows(limit=1 << 18)        # about 25 MB: the planner's space 2 needs half
 
 
 def one_f_one_b_rows(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.Rows]:
@@ -166,12 +166,6 @@ def one_f_one_b_rows(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.R
 # a split backward's halves one each (their V-shape patterns give F, B and W one slot each).
 UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
 SHARD_KINDS = ("S", "T")          # on each rank's first stage; the rest on one stage for all
-
-
-def unit_times(base: Schedule) -> dict[Action, tuple[float, float]]:
-    """(start, end) of each action of `base` on unit costs (timed along the schedule's own
-    dataflow graph: a generator does not need the simulator)."""
-    return timing.unit_times(base, UNIT)
 
 
 def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "",
