@@ -23,7 +23,10 @@ output-layer step of microbatch i is `T(i−1) S(i)` then its barrier(s); on eve
 at the first action boundary after X_i exists, read off a unit-cost timing (F=1, B=2, the
 constants the authors' scripts use); Vf(i) goes just before rank 0 needs it, Vb(i) just after
 rank 0's backward of i. `weave` does this for any base order with the extra microbatches already
-in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
+in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`). The planner asks for hundreds of
+sizes up to p = 72, m = 288: the timing is one walk over the base's rows (vocab_timing.py), the
+passes are placed for all ranks at once in numpy, and every schedule takes its actions from
+shared rows (ActionRows) instead of making its own.
 """
 from __future__ import annotations
 
@@ -248,9 +251,12 @@ def _place(base: Schedule, when: timing.Timeline,
     rank = np.repeat(np.arange(p), np.diff(when.bounds))
     # Rank r's list starts after the r lists before it: their actions and k passes each.
     own = np.arange(n) + rank * k + items_before[due]
-    firsts = [0] * p
+    firsts: list = [None] * p
     for stage in range(len(base.placement) - 1, -1, -1):
         firsts[base.placement[stage]] = stage
+    if None in firsts:
+        raise ValueError(f"base: every rank needs a stage for its S and T, got placement "
+                         f"{base.placement} on {p} ranks")
     kinds = sorted({kind for kind, _ in items})
     shared = [kind for kind in kinds if kind not in SHARD_KINDS]
     rows = [(0 if kind in ("Vf", "Vb") else last, kind) for kind in shared] + \
