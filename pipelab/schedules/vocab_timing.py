@@ -89,7 +89,7 @@ def walked(base, costs: Mapping[str, float], stages: Sequence[int],
     start = _walk(wait.tolist(), took.tolist(), bounds)
     if start is None:
         return None
-    start = np.array(start)
+    start = np.fromiter(start, float, len(start))
     return Timeline(start, start + took, bounds, {s: forward[s] for s in stages},
                     {s: grad[s] for s in stages})
 
