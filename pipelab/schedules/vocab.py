@@ -268,10 +268,10 @@ def _place(base: Schedule, when: timing.Timeline,
     # The row of each pass on each rank: a shared kind's own, or rank r's row of S or T.
     code = {kind: c for c, kind in enumerate(shared)}
     code.update({kind: c for c, kind in enumerate(SHARD_KINDS)})
-    row = np.array([code[kind] for kind, _ in items])
     on_rank = np.array([kind in SHARD_KINDS for kind, _ in items])
-    row = np.where(on_rank, len(shared) + len(SHARD_KINDS) * np.arange(p)[:, None] + row, row)
-    pick = n + m * row + np.array([i for _, i in items])
+    pick = n + m * (np.array([code[kind] for kind, _ in items]) + len(shared) * on_rank) + \
+        np.array([i for _, i in items])                  # rank 0's; rank r's S, T rows later
+    pick = np.where(on_rank, pick + (m * len(SHARD_KINDS) * np.arange(p))[:, None], pick)
     out = np.empty(n + p * k, object)
     theirs = np.ones(n + p * k, bool)
     theirs[own] = False
