@@ -3,13 +3,13 @@
 `weave` (vocab.py) places the vocabulary passes by the start of every action of the base and
 the forward and input-gradient times of its first and last stage. `timed_run` along
 `execution_order` gives them for any schedule, keyed by action; at the planner's sizes (p up
-to 72, m up to 288) building and hashing those keys cost most of the weave. A plain base
-(bulk.py: single actions whose edges come from their kinds' `bulk_inputs`), which is what the
-generators give, is timed here in one walk over integer rows instead: each rank runs on along
-its order until it needs an output not made yet, parks there, and is woken when it is made.
-Every start is the same `max` of the rank's last end and the inputs' ends as in `step_times`,
-every end the same sum, so the times are the same floats (tests/test_vocab_timing.py compares
-them). Anything else goes the general way, `timed_run`.
+to 72, m up to 288) building and hashing those keys cost most of the weave. A base of F, B, I
+and W on one route, which is what the generators give, is timed here in one walk over integer
+rows instead: sweeping over the ranks, down and back up, each rank runs on along its order
+until it needs an output another rank has not made yet. Every start is the same `max` of the
+rank's last end and the inputs' ends as in `step_times`, every end the same sum, so the times
+are the same floats (tests/test_vocab_timing.py compares them, on fractional costs too).
+Anything else goes the general way, `timed_run`.
 """
 from __future__ import annotations
 
