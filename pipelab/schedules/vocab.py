@@ -30,7 +30,7 @@ shared rows (ActionRows) instead of making its own.
 """
 from __future__ import annotations
 
-from itertools import chain, islice, repeat
+from itertools import chain, repeat
 
 import numpy as np
 
@@ -156,8 +156,10 @@ def one_f_one_b_rows(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.R
     mb = np.where(place < warmup, place, np.where(steady, np.where(j % 2, j // 2, warmup + j // 2),
                                                   place - m))
     # Rank r's row of F, then of B, in a pool: F(r, i) is pool[2rm + i], B(r, i) pool[2rm + m + i].
-    pool = np.fromiter(chain.from_iterable(islice(ROWS.get(r, kind, m), m) for r in range(ranks)
-                                           for kind in ("F", "B")), object, 2 * ranks * m)
+    pool = []
+    for r in range(ranks):
+        pool += ROWS.get(r, "F", m)[:m] + ROWS.get(r, "B", m)[:m]
+    pool = np.fromiter(pool, object, 2 * ranks * m)
     picked = pool[(2 * np.arange(ranks)[:, None] + backward) * m + mb]
     base = Schedule([acts.tolist() for acts in picked], tuple(range(ranks)), m,
                     name="1f1b+warm-up")
@@ -262,9 +264,10 @@ def _place(base: Schedule, when: timing.Timeline,
     rows = [(0 if kind in ("Vf", "Vb") else last, kind) for kind in shared] + \
         [(stage, kind) for stage in firsts for kind in SHARD_KINDS]
     # Pool: the base's n actions, then m of each row: the shared kinds', then each rank's S, T.
-    pool = np.fromiter(chain(chain.from_iterable(base.actions),
-                             *(islice(ROWS.get(stage, kind, m), m) for stage, kind in rows)),
-                       object, n + len(rows) * m)
+    pool = list(chain.from_iterable(base.actions))
+    for stage, kind in rows:
+        pool += ROWS.get(stage, kind, m)[:m]
+    pool = np.fromiter(pool, object, n + len(rows) * m)
     # The row of each pass on each rank: a shared kind's own, or rank r's row of S or T.
     code = {kind: c for c, kind in enumerate(shared)}
     code.update({kind: c for c, kind in enumerate(SHARD_KINDS)})
