@@ -108,33 +108,33 @@ def _edges(base, rows: Rows):
     build for any kind: the weave times bases of 10^5 actions, at every size the planner asks."""
     stage, kind, mb = rows
     n, m, stages = len(kind), base.microbatches, base.stages
-    if min(stage.min(), mb.min()) < 0 or stage.max() >= stages or mb.max() >= m:
-        return None
+    lengths = [len(acts) for acts in base.actions]
+    if n != sum(lengths) or min(stage.min(), mb.min()) < 0 or stage.max() >= stages \
+            or mb.max() >= m:
+        return None                        # out of range, or rows not the schedule's
     used = np.bincount(kind, minlength=len(BASE_KINDS))
     if used[_B] and used[_I]:
         return None                        # whole and split backwards in one schedule
     back = _I if used[_I] else _B          # what makes a stage's input gradient
-    lengths = [len(acts) for acts in base.actions]
-    bounds = np.cumsum([0] + lengths)
-    if bounds[-1] != n:
-        return None                        # rows that are not the schedule's
     row = np.arange(n)
-    # Row of (kind, stage, microbatch), stage `stages` being past the last: no action.
-    where = np.full(len(BASE_KINDS) * (stages + 1) * m, -1, np.int64)
-    key = (kind * (stages + 1) + stage) * m + mb
+    # Row of each (kind, stage, microbatch) in a table of one block per kind, stage `stages`
+    # (past the last) in each: no action. A stage's neighbour is m keys away, a kind a block.
+    block = (stages + 1) * m
+    key = kind * block + stage * m + mb
+    where = np.full(len(BASE_KINDS) * block, -1, np.int64)
     where[key] = row
     if np.count_nonzero(where >= 0) != n:
         return None                        # an action twice
     # The input from the stage before (F) or after (B, I), none at the route's ends; and the
     # one of its own stage (B, I: its F; W: its I).
     forward_ = kind == _F
-    across = where[(np.where(forward_, _F, back) * (stages + 1) + stage
-                    + np.where(forward_, -1, 1)) * m + mb]
+    across = where[key + np.where(forward_, -m, m)]
     across[np.where(forward_, stage == 0, (kind != back) | (stage == stages - 1))] = -2
-    own = where[(np.where(kind == _W, _I, _F) * (stages + 1) + stage) * m + mb]
+    own = where[key - np.where(kind == _W, block, back * block)]
     own[forward_] = -2
     if ((across == -1) | (own == -1)).any():
         return None                        # an input no action makes
+    bounds = np.cumsum([0] + lengths)
     first = np.repeat(bounds[:-1], lengths)       # each row's rank: first..past its rows
     past = np.repeat(bounds[1:], lengths)
     if (((own >= 0) & ((own < first) | (own >= row)))
