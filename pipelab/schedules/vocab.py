@@ -23,15 +23,20 @@ output-layer step of microbatch i is `T(i−1) S(i)` then its barrier(s); on eve
 at the first action boundary after X_i exists, read off a unit-cost timing (F=1, B=2, the
 constants the authors' scripts use); Vf(i) goes just before rank 0 needs it, Vb(i) just after
 rank 0's backward of i. `weave` does this for any base order with the extra microbatches already
-in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`).
+in flight; vocab_vhalf.py gives it V-Half's (`v-half-vocab`). The planner asks for hundreds of
+sizes up to p = 72, m = 288: the timing is one walk over the base's rows (vocab_timing.py), the
+passes are placed for all ranks at once in numpy, and every schedule takes its actions from
+shared rows (ActionRows) instead of making its own.
 """
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 import numpy as np
 
-from .actions import Action, B, F
+from . import vocab_timing as timing
+from .actions import Action
 from .base import Schedule
-from .graph import execution_order, timed_run
 from ..model.memory_rules import FREES_SHARD, KEEPS_SHARD
 from .kinds import (ACTIVATION, COMMUNICATION, EMBEDDED, OUTPUT_GRADIENT, SHARD_PASS, Input,
                     register_kind)
@@ -112,28 +117,64 @@ register_kind("Vb", "input-embedding backward: the gradient broadcast, scatter-a
               module="pipelab", role=SHARD_PASS, colour="#BCBD22", label="embed bwd")
 
 
-def _one_f_one_b(rank: int, ranks: int, m: int, extra: int) -> list[Action]:
-    """1F1B's order for one rank with `extra` more warm-up forwards."""
-    warmup = min(ranks - rank - 1 + extra, m)
-    acts = [F(rank, i) for i in range(warmup)]
-    for i in range(m - warmup):
-        acts += [F(rank, warmup + i), B(rank, i)]
-    return acts + [B(rank, i) for i in range(m - warmup, m)]
+class ActionRows:
+    """Rows of actions shared by every schedule built here: `get(stage, kind, m)` is a list
+    whose first m entries are Action(stage, kind, i), i < m. An action is an immutable value,
+    and making 10^5 of them for each schedule (a tuple each) cost a quarter of the vocabulary
+    generators' time. Once `limit` actions are held the rows start again from empty."""
+
+    def __init__(self, limit: int):
+        self.limit, self.held = limit, 0
+        self.rows: dict[tuple[int, str], list[Action]] = {}
+
+    def get(self, stage: int, kind: str, m: int) -> list[Action]:
+        row = self.rows.get((stage, kind))
+        if row is None or len(row) < m:
+            have = 0 if row is None else len(row)
+            if self.held + m - have > self.limit:
+                self.rows.clear()
+                self.held, row, have = 0, None, 0
+            if row is None:
+                row = self.rows[(stage, kind)] = []
+            row.extend(map(_new, repeat(Action), zip(repeat(stage), repeat(kind), range(have, m))))
+            self.held += m - have
+        return row
+
+
+ROWS = ActionRows(limit=1 << 18)        # about 25 MB: the planner's space 2 needs half
+
+
+def one_f_one_b_rows(ranks: int, m: int, extra: int) -> tuple[Schedule, timing.Rows]:
+    """1F1B with `extra` more warm-up forwards on every rank, and its rows. Rank r runs
+    w = min(p−1−r+extra, m) forwards, then F(w+j) B(j) for j < m−w, then the last w backwards:
+    computed for every rank and place at once, the actions gathered from ROWS."""
+    place = np.arange(2 * m)
+    warmup = np.minimum(ranks - 1 - np.arange(ranks) + extra, m)[:, None]
+    j = place - warmup                               # steady state: F(w + j/2), B((j−1)/2)
+    steady = (place >= warmup) & (place < 2 * m - warmup)
+    backward = np.where(place < warmup, 0, np.where(steady, j % 2, 1))
+    mb = np.where(place < warmup, place, np.where(steady, np.where(j % 2, j // 2, warmup + j // 2),
+                                                  place - m))
+    # Rank r's row of F, then of B, in a pool: F(r, i) is pool[2rm + i], B(r, i) pool[2rm + m + i].
+    pool = []
+    for r in range(ranks):
+        pool += ROWS.get(r, "F", m)[:m] + ROWS.get(r, "B", m)[:m]
+    pool = np.fromiter(pool, object, 2 * ranks * m)
+    picked = pool[(2 * np.arange(ranks)[:, None] + backward) * m + mb]
+    base = Schedule([acts.tolist() for acts in picked], tuple(range(ranks)), m,
+                    name="1f1b+warm-up")
+    stage = np.repeat(np.arange(ranks), 2 * m)
+    return base, timing.Rows(stage, backward.ravel() * timing.BASE_KINDS.index("B"), mb.ravel())
 
 
 # The unit costs the passes are placed with: the constants of the authors' scripts (F=1, B=2),
 # a split backward's halves one each (their V-shape patterns give F, B and W one slot each).
 UNIT = {"F": 1.0, "B": 2.0, "I": 1.0, "W": 1.0}
+SHARD_KINDS = ("S", "T")          # on each rank's first stage; the rest on one stage for all
 
 
-def unit_times(base: Schedule) -> dict[Action, tuple[float, float]]:
-    """(start, end) of each action of `base` on unit costs (timed along the schedule's own
-    dataflow graph: a generator does not need the simulator)."""
-    return {step: (start, end) for _, step, start, end
-            in timed_run(execution_order(base), lambda a: UNIT[a[1]])}
-
-
-def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> Schedule:
+def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "",
+          rows: timing.Rows | None = None) -> Schedule:
     """`base` (forwards and backwards only, every rank already holding one more microbatch per
     barrier) with the vocabulary passes woven in; `barriers` is 2 (C0 and C1) or 1 (fused C).
 
@@ -143,14 +184,15 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     period (a rank's unit work per microbatch) before stage 0's forward of j, or first of all;
     Vb(i) with the first step after stage 0's input gradient of i, or at the very end. S and T
     run on each rank's first stage, the barriers are written on the last stage, the embedding
-    collectives on stage 0."""
+    collectives on stage 0. `rows`, if `base` was made from them: its actions as arrays."""
     p, m, last = base.ranks, base.microbatches, base.stages - 1
-    when = unit_times(base)
+    when = timing.timeline(base, UNIT, (0, last), rows)
     period = sum(UNIT[a[1]] for a in base.actions[0]) / m
     # The last stage's backward of i waits for its barrier (with two, T(i)'s C1 too), hence for
     # S(i) on every rank: nothing may be due after that backward starts, or the ranks deadlock.
-    grad = [when[base.input_grad_action(last, i)][0] for i in range(m)]
-    due = [min(when[F(last, i)][1] + delay, grad[i]) for i in range(m)]
+    grad_at = when.start[when.grad[last]]
+    grad = grad_at.tolist()
+    due = np.minimum(when.end[when.forward[last]] + delay, grad_at).tolist()
     steps = [[("S", i), ("Cs" if barriers == 2 else "C", i)] for i in range(m)]
     # T(i) (and its C1) is due with the next step; with two barriers no later than the last
     # stage's backward of i, and the last one a backward ahead of the last (in the cool-down;
@@ -175,8 +217,8 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     # For every j at once (m × m comparisons in numpy, not in Python): the last step due a
     # period before stage 0's forward of j, and the first due after its input gradient.
     due_at = np.array(due)
-    fwd = np.array([when[F(0, j)][0] for j in range(m)])
-    grads = np.array([when[base.input_grad_action(0, j)][1] for j in range(m)])
+    fwd = when.start[when.forward[0]]
+    grads = when.end[when.grad[0]]
     before = (due_at + period)[None, :] <= fwd[:, None]
     after = due_at[None, :] >= grads[:, None]
     last_before = np.where(before.any(1), m - 1 - before[:, ::-1].argmax(1), -1).tolist()
@@ -190,27 +232,62 @@ def weave(base: Schedule, barriers: int, delay: float = 0.0, name: str = "") -> 
     groups += [(due[i], (i, 1), steps[i]) for i in range(m)]
     groups = [(0.0, opening)] + [(d, items) for d, _, items in sorted(groups)] + \
         [(float("inf"), ending)]
+    return Schedule(_place(base, when, groups), base.placement, m, name=name or base.name)
 
-    actions = []
-    for r in range(p):
-        own, out, k = base.actions[r], [], 0
-        mine = base.stages_of(r)[0]
-        for at, items in groups:       # at rank r's first action boundary at or after `at`
-            while k < len(own) and when[own[k]][0] < at:
-                out.append(own[k])
-                k += 1
-            for kind, i in items:
-                stage = mine if kind in ("S", "T") else (0 if kind in ("Vf", "Vb") else last)
-                out.append(Action(stage, kind, i))
-        actions.append(out + list(own[k:]))
-    return Schedule(actions, base.placement, m, name=name or base.name)
+
+def _place(base: Schedule, when: timing.Timeline,
+           groups: list[tuple[float, list[tuple[str, int]]]]) -> list[list]:
+    """Each rank's actions with every group's passes at the rank's first action boundary at
+    or after the group's time, the groups in order (their times never decrease).
+
+    A rank's actions start one after another (every unit cost is positive), so the passes
+    before its action j are those of the groups due at or before j's start: one binary search
+    for every action of every rank at once. The lists are then one gather from a pool: the
+    base's actions and a row of ROWS for each pass's stage and kind (S and T on each rank's
+    first stage, the barriers on the last, the embedding collectives on stage 0)."""
+    p, m, last = base.ranks, base.microbatches, base.stages - 1
+    items = [item for _, group in groups for item in group]
+    n, k = when.bounds[-1], len(items)
+    items_before = np.cumsum([0] + [len(group) for _, group in groups])
+    due = np.searchsorted(np.array([at for at, _ in groups]), when.start, side="right")
+    rank = np.repeat(np.arange(p), np.diff(when.bounds))
+    # Rank r's list starts after the r lists before it: their actions and k passes each.
+    own = np.arange(n) + rank * k + items_before[due]
+    firsts: list = [None] * p
+    for stage in range(len(base.placement) - 1, -1, -1):
+        firsts[base.placement[stage]] = stage
+    if None in firsts:
+        raise ValueError(f"base: every rank needs a stage for its S and T, got placement "
+                         f"{base.placement} on {p} ranks")
+    kinds = sorted({kind for kind, _ in items})
+    shared = [kind for kind in kinds if kind not in SHARD_KINDS]
+    rows = [(0 if kind in ("Vf", "Vb") else last, kind) for kind in shared] + \
+        [(stage, kind) for stage in firsts for kind in SHARD_KINDS]
+    # Pool: the base's n actions, then m of each row: the shared kinds', then each rank's S, T.
+    pool = list(chain.from_iterable(base.actions))
+    for stage, kind in rows:
+        pool += ROWS.get(stage, kind, m)[:m]
+    pool = np.fromiter(pool, object, n + len(rows) * m)
+    # The row of each pass on each rank: a shared kind's own, or rank r's row of S or T.
+    code = {kind: c for c, kind in enumerate(shared)}
+    code.update({kind: c for c, kind in enumerate(SHARD_KINDS)})
+    on_rank = np.array([kind in SHARD_KINDS for kind, _ in items])
+    pick = n + m * (np.array([code[kind] for kind, _ in items]) + len(shared) * on_rank) + \
+        np.array([i for _, i in items])                  # rank 0's; rank r's S, T rows later
+    pick = np.where(on_rank, pick + (m * len(SHARD_KINDS) * np.arange(p))[:, None], pick)
+    out = np.empty(n + p * k, object)
+    theirs = np.ones(n + p * k, bool)
+    theirs[own] = False
+    out[own] = pool[:n]
+    out[theirs] = pool[pick.ravel()]
+    ends = (np.array(when.bounds) + k * np.arange(p + 1)).tolist()
+    return [out[a:b].tolist() for a, b in zip(ends, ends[1:])]
 
 
 def vocab_parallel(ranks: int, microbatches: int, barriers: int) -> Schedule:
     """1F1B with the vocabulary passes woven in; `barriers` is 2 (Vocab-1) or 1 (Vocab-2)."""
-    base = Schedule([_one_f_one_b(r, ranks, microbatches, extra=barriers) for r in range(ranks)],
-                    tuple(range(ranks)), microbatches, name="1f1b+warm-up")
-    return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2")
+    base, rows = one_f_one_b_rows(ranks, microbatches, extra=barriers)
+    return weave(base, barriers, name="vocab-1" if barriers == 2 else "vocab-2", rows=rows)
 
 
 @register("vocab-1")
