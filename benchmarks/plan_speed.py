@@ -11,8 +11,10 @@ candidates or more in under 10 s of CPU.
    sequences a device. A config has at most ~5,000 candidates (18 layers cap the pipeline at
    18 stages); a real model's shape on a cluster is where a search this wide is asked for. Its
    exhaustive search takes minutes (304 s of CPU against the pruned 34 s, measured once at load
-   1.8, with the same best, explanation and frontier), so the benchmark asserts the equality
-   on the first space only.
+   1.8 before the generators were made faster, with the same best, explanation and frontier),
+   so the benchmark asserts the equality on the first space only. Most of its pruned CPU is
+   per candidate (memory along the program order, a lower bound; plan.py) and generating the
+   ~1,900 schedules it needs, V-Half's squeeze and the vocabulary weaves the largest.
 
 A plan's time is `pl.plan(...)`, its best and its explanation (what a user reads first);
 calibration (timing each layer once) is measured apart: a plan reuses one. "simulated" counts
