@@ -11,8 +11,8 @@
     bulk.py        a plain schedule as arrays: its checks, edges and execution order in numpy
 
     generators, one file per family: gpipe.py, one_f_one_b.py, interleaved.py, zero_bubble.py,
-    zb_auto.py, v_shape.py (V-Half, V-Min), dualpipe.py and chimera.py (on two_way.py), stp.py,
-    vocab.py, pipedream.py
+    zb_auto.py, v_shape.py (V-Half, V-Min; the squeeze in v_squeeze.py), dualpipe.py and
+    chimera.py (on two_way.py), stp.py, vocab.py (its base timed by vocab_timing.py), pipedream.py
 
 Imports only `pipelab.checks`, `pipelab.support` and the model: a generator never imports the
 simulator (zb-auto times its candidates with a small list scheduler of its own).
