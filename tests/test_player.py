@@ -13,8 +13,8 @@ matplotlib.use("Agg")
 import pytest  # noqa: E402
 
 import pipelab as pl  # noqa: E402
-from pipelab.views.player import (frame_times, live_activations, messages_in_flight,  # noqa: E402
-                            running_at, status)
+from pipelab.views.player import (ARROWS_PER_LINK, arrows_to_draw, frame_times,  # noqa: E402
+                                  live_activations, messages_in_flight, running_at, status)
 
 COMM = pl.Costs(F=1.0, I=1.0, W=1.0, comm=0.5)
 
@@ -26,6 +26,25 @@ def one_f():
 
 def _names(running):
     return {r: (str(e.action) if e else None) for r, e in running.items()}
+
+
+def test_a_deep_queue_draws_the_next_arrows_and_counts_the_rest():
+    # rank 0 forwards twice as fast as the others: GPipe's activations pile up on link 0 -> 1
+    tl = pl.simulate(pl.schedule("gpipe", ranks=4, microbatches=32),
+                     pl.Costs(F=[1.0, 2.0, 2.0, 2.0], I=1.0, W=1.0, comm=0.2))
+    t = max(frame_times([tl], 400), key=lambda t: len(messages_in_flight(tl, t)))
+    flying = messages_in_flight(tl, t)
+    drawn, more = arrows_to_draw(flying)
+    queue = sorted((m for m in flying if (m.producer.rank, m.consumer.rank) == (0, 1)),
+                   key=lambda m: m.consumer.start)
+    assert len(queue) > 10
+    assert [m for m in drawn if m.producer.rank == 0] == queue[:ARROWS_PER_LINK]  # next received
+    assert more == [(queue[ARROWS_PER_LINK - 1], len(queue) - ARROWS_PER_LINK)]
+    assert set(flying) - set(queue) <= set(drawn)           # short queues: every message drawn
+    box = pl.explorer.player(tl)
+    box.show(t)
+    assert len(box.arrows) == len(drawn) + 1                 # the arrows and one "+k more queued"
+    assert f"{len(flying)} message(s) in flight" in box.status.value
 
 
 def test_running_at_uses_half_open_intervals(one_f):

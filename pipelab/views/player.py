@@ -54,6 +54,28 @@ def messages_in_flight(tl: Timeline, t: float) -> list[Message]:
     return [m for m in _index(tl)["messages"] if m.producer.end <= now < m.consumer.start]
 
 
+# A deep queue (a fast rank sending to a slow one) puts dozens of messages in flight on one
+# link at once: drawn, they fan out into a black wedge over the boxes. The player draws the ones
+# to be received next on each link and says how many more wait behind them.
+ARROWS_PER_LINK = 3
+
+
+def arrows_to_draw(flying: Sequence[Message], per_link: int = ARROWS_PER_LINK
+                   ) -> tuple[list[Message], list[tuple[Message, int]]]:
+    """(the messages drawn as arrows, [(the last one drawn on a link, how many more wait on
+    it)]): on each link (sending rank, receiving rank), the `per_link` received first."""
+    links: dict[tuple[int, int], list[Message]] = {}
+    for m in flying:
+        links.setdefault((m.producer.rank, m.consumer.rank), []).append(m)
+    drawn, more = [], []
+    for queue in links.values():
+        queue.sort(key=lambda m: (m.consumer.start, m.producer.end))
+        drawn += queue[:per_link]
+        if len(queue) > per_link:
+            more.append((queue[per_link - 1], len(queue) - per_link))
+    return drawn, more
+
+
 def live_activations(tl: Timeline, t: float) -> dict[int, float]:
     """Each rank's live activations at t (in `tl.memory_unit`), read off its step curve."""
     now, out = t + tl.start, {}
@@ -197,7 +219,8 @@ def player(timelines, *, memory: bool = True, phases: bool = True, critical_path
            titles: Sequence[str | None] | None = None):
     """A play button and a time slider over one or several timelines (e.g. measured, replayed,
     simulated), drawn on one time axis. At time t: the running boxes bright and outlined, the
-    rest dimmed; arrows for messages in flight; a cursor on the memory curves with each rank's
+    rest dimmed; arrows for messages in flight (on each link the next ARROWS_PER_LINK, and how
+    many more are queued); a cursor on the memory curves with each rank's
     live activations; below, one line per rank saying what it does or waits for.
 
     `timelines`: a Timeline, a list of them, or a Schedule (simulated with unit costs).
@@ -429,13 +452,22 @@ def _draw_background(box, t: float, state) -> None:
                 for overlay in overlays:
                     overlay.set_facecolor(_towards_white(overlay.pipelab_colour, fade))
         if box.messages:
-            for m in flying:
+            drawn, more = arrows_to_draw(flying)
+            for m in drawn:
                 arrow = FancyArrowPatch(((m.producer.end - tl.start) * scale, m.producer.rank),
                                         ((m.consumer.start - tl.start) * scale, m.consumer.rank),
                                         arrowstyle="-|>", mutation_scale=10, linewidth=1.3,
                                         color="black", zorder=8)
                 ax.add_patch(arrow)
                 box.arrows.append(arrow)
+            for last, count in more:        # at the middle of the last arrow drawn on the link
+                x = ((last.producer.end + last.consumer.start) / 2 - tl.start) * scale
+                y = (last.producer.rank + last.consumer.rank) / 2
+                note = ax.text(x, y, f"+{count} more queued", fontsize=8, ha="center",
+                               va="center", zorder=9,
+                               bbox=dict(boxstyle="round,pad=0.2", facecolor="white",
+                                         edgecolor="black", linewidth=0.6))
+                box.arrows.append(note)
     moving = _moving(box)
     for artist in moving:
         artist.set_visible(False)
