@@ -460,10 +460,13 @@ def _draw_background(box, t: float, state) -> None:
                                         color="black", zorder=8)
                 ax.add_patch(arrow)
                 box.arrows.append(arrow)
-            for last, count in more:        # at the middle of the last arrow drawn on the link
-                x = ((last.producer.end + last.consumer.start) / 2 - tl.start) * scale
-                y = (last.producer.rank + last.consumer.rank) / 2
-                note = ax.text(x, y, f"+{count} more queued", fontsize=8, ha="center",
+            for last, count in more:
+                # by the head of the last arrow drawn on the link, on the side it comes from
+                # (links into one rank from above and below keep apart)
+                x = (last.consumer.start - tl.start) * scale
+                side = 1 if last.producer.rank < last.consumer.rank else -1
+                y = last.consumer.rank - 0.3 * side
+                note = ax.text(x, y, f"+{count} more queued", fontsize=8, ha="right",
                                va="center", zorder=9,
                                bbox=dict(boxstyle="round,pad=0.2", facecolor="white",
                                          edgecolor="black", linewidth=0.6))
