@@ -52,7 +52,10 @@ def activation_peaks(timeline, table: Table) -> list[int]:
     delta = np.concatenate((add, -release))
     first = np.concatenate((np.ones(len(add)), np.zeros(len(release))))   # releases first
     sort = np.lexsort((first, when, rank))
-    return _peaks(rank[sort], np.cumsum(delta[sort]), timeline.ranks)
+    rank = rank[sort]
+    present = np.flatnonzero(np.bincount(rank, minlength=timeline.ranks))
+    return _peaks(np.cumsum(delta[sort]), np.searchsorted(rank, present), present.tolist(),
+                  timeline.ranks)
 
 
 class Stacked(NamedTuple):
@@ -79,23 +82,13 @@ def order_peaks(rows: Rows, table: Stacked) -> list[int]:
     release = table.released[events.kind, events.stage]
     delta = np.empty(2 * len(add), np.result_type(add, release))
     delta[0::2], delta[1::2] = add, -release          # +added, −released, action by action
-    level = np.cumsum(delta)
-    peaks = [0] * rows.ranks
-    if len(events.starts):
-        # each rank's highest level above the level before its first change (max(x − c) is
-        # max(x) − c in floats too: subtracting c rounds monotonically)
-        base = np.where(events.before >= 0, level[events.before], 0)
-        high = np.maximum(np.maximum.reduceat(level, events.starts) - base, 0)
-        for r, h in zip(events.ranks, high.tolist()):
-            peaks[r] = int(h)
-    return peaks
+    return _peaks(np.cumsum(delta), events.starts, events.ranks, rows.ranks)
 
 
 class _Events(NamedTuple):
     kind: np.ndarray      # each counted action's kind, an index in the table's kinds
     stage: np.ndarray
     starts: np.ndarray    # where each rank with counted actions begins, in the events (2 an action)
-    before: np.ndarray    # the event before that (−1: none)
     ranks: list[int]      # those ranks
 
 
@@ -112,18 +105,19 @@ def _events(rows: Rows, kinds: tuple[str, ...]) -> _Events:
         rank = rows.rank[mine]
         ranks = np.flatnonzero(np.bincount(rank, minlength=rows.ranks))
         starts = 2 * np.searchsorted(rank, ranks)
-        rows.events[kinds] = _Events(kind[mine], rows.stage[mine], starts, starts - 1,
-                                     ranks.tolist())
+        rows.events[kinds] = _Events(kind[mine], rows.stage[mine], starts, ranks.tolist())
     return rows.events[kinds]
 
 
-def _peaks(rank: np.ndarray, level: np.ndarray, ranks: int) -> list[int]:
-    """Each rank's highest level above where it started: `level` is the running sum over the
-    events of every rank, rank after rank."""
+def _peaks(level: np.ndarray, starts: np.ndarray, present: list[int], ranks: int) -> list[int]:
+    """Each rank's highest level above where it started (0 for a rank with no events): `level`
+    is the running sum over the events of every rank, rank after rank, and rank present[i]'s
+    begin at starts[i]. (max(x − c) is max(x) − c in floats too: subtracting c rounds
+    monotonically.)"""
     peaks = [0] * ranks
-    bounds = np.searchsorted(rank, np.arange(ranks + 1))
-    for r in range(ranks):
-        a, b = bounds[r], bounds[r + 1]
-        if b > a:                        # the level before this rank's first change is a's
-            peaks[r] = int(max(0, (level[a:b] - (level[a - 1] if a else 0)).max()))
+    if len(starts):
+        before = np.where(starts > 0, level[starts - 1], 0)      # the level it started from
+        high = np.maximum(np.maximum.reduceat(level, starts) - before, 0)
+        for r, h in zip(present, high.tolist()):
+            peaks[r] = int(h)
     return peaks
