@@ -117,7 +117,7 @@ class LocalCluster:
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
             data_parallel: int = 1, tensor_parallel: int = 1, recompute=None,
-            expert_parallel: int = 1, link=None,
+            expert_parallel: int = 1, link=None, engine: str = "pipelab", torch_trace=None,
             _inject: dict | None = None, _meter: str = "sampled") -> RunResult:
         """Run `schedule` on the workers and return what was measured.
 
@@ -148,6 +148,13 @@ class LocalCluster:
             earlier than latency + bytes / bandwidth after it was posted, every all-reduce by
             the ring formula, every all-to-all likewise; the ranks sleep through the wait (no
             core is used, no CPU time charged), and `res.simulated` prices the same link.
+        engine: "pipelab" (default, our executor) or "torch": the schedule, exported with
+            `to_torch_csv`, runs on torch.distributed.pipelining's `_PipelineScheduleRuntime`
+            in the same workers (runtime/torch_engine.py), checked against the unsplit model
+            and timed per action alike; our techniques (data/tensor/expert parallelism,
+            recompute, link) and schedules torch cannot express are refused before any worker.
+        torch_trace: with engine="torch", a directory where each rank writes a torch.profiler
+            Chrome trace of its last step, `rank<r>.json` (torch's `PP:<action>` regions).
         _inject: test hook, e.g. {"stall": "1F2"}, {"raise": "1F2"}, {"drop": "0F1"} or
             {"lag": "0F1"} (the rank pauses right after posting that action's sends).
         _meter: "full" hooks every forward with the activation meter instead of one per stage
@@ -158,7 +165,8 @@ class LocalCluster:
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
                            tensor_parallel=tensor_parallel, recompute=recompute,
-                           expert_parallel=expert_parallel, link=link, _meter=_meter)
+                           expert_parallel=expert_parallel, link=link, _meter=_meter,
+                           engine=engine, torch_trace=torch_trace)
         self.start()
         began = time.perf_counter()
         try:

@@ -66,6 +66,9 @@ def run_rank(spec: RunSpec, rank: int, board=None, notify=None) -> dict:
     share of the batch, exchanges messages with its own replica's neighbours, and sums
     gradients with the other replicas in the schedule's `AR` actions.
     """
+    if spec.engine == "torch":         # torch's own runtime runs the exported schedule
+        from .torch_engine import run_rank as run_on_torch
+        return run_on_torch(spec, rank, board, notify)
     board = board or NoBoard()
     board.set(rank, 0, 0, SETUP)
     import_plugins(spec.plugins)       # kinds and handlers defined outside pipelab

@@ -25,6 +25,7 @@ from .boundary import Boundary
 from .handlers import HANDLERS
 from .mesh import Mesh
 from .plugins import plugins_for
+from . import torch_engine
 from .techniques import prepare_all
 from ..model.footprint import check_run
 from ..schedules.reductions import REPLICA_SUM
@@ -67,6 +68,11 @@ class RunSpec:
     # "sampled": the activation meter hooks one forward per stage where that is exact, "full":
     # every forward (meter.py, sampling.py); the figures are the same, the cost is not
     meter: str = "sampled"
+    # engine="torch" (torch_engine.py): the schedule as torch's CSV, which torch's runtime runs,
+    # and where its ranks write torch.profiler traces (None: no trace)
+    engine: str = "pipelab"
+    torch_csv: str | None = None
+    torch_trace: str | None = None
 
     @property
     def model(self) -> ModelSource:
@@ -303,7 +309,8 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
                 batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
                 check: bool = True, inject=None, data_parallel: int = 1,
                 recompute=None, tensor_parallel: int = 1, expert_parallel: int = 1,
-                link=None, _meter: str = "sampled") -> RunSpec:
+                link=None, _meter: str = "sampled", engine: str = "pipelab",
+                torch_trace=None) -> RunSpec:
     """Check every argument of a run; return the RunSpec the ranks execute.
 
     `ranks` is the number of processes: the schedule's pipeline ranks × `data_parallel`
@@ -313,7 +320,17 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     (runtime/techniques.py): with data_parallel > 1 the gradient all-reduces are inserted,
     `expert_parallel` divides the experts over the data-parallel group, `recompute` adds R
     actions. `link` (a pl.Link) makes every message and collective wait as on it. `_meter`
-    ("sampled" or "full"): how the activation meter counts (meter.py), for tests and ablations."""
+    ("sampled" or "full"): how the activation meter counts (meter.py), for tests and ablations.
+    `engine="torch"` runs the exported schedule on torch's runtime (torch_engine.py): what it
+    cannot run is refused here; `torch_trace` (a directory) is its ranks' profiler traces."""
+    engine = torch_engine.check_engine(engine)
+    if engine == "torch":
+        torch_engine.check_options(data_parallel=data_parallel, tensor_parallel=tensor_parallel,
+                                   expert_parallel=expert_parallel, recompute=recompute,
+                                   link=link, inject=inject)
+    elif torch_trace is not None:
+        raise ValueError(f"torch_trace={torch_trace!r} records torch's runtime: use it with "
+                         f"engine='torch'")
     if not isinstance(schedule, Schedule):
         raise ValueError(f"schedule must be a pl.Schedule (e.g. pl.schedule('1f1b', ranks=2, "
                          f"microbatches=4)), got {type(schedule).__name__}")
@@ -335,6 +352,7 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
         raise ValueError(f"model.vocab_size ({cfg.vocab_size}) must be at least the tokenizer's "
                          f"VOCAB_SIZE ({VOCAB_SIZE})")
     schedule.validate()
+    torch_csv = torch_engine.export(schedule) if engine == "torch" else None
     if recompute not in (None, "none") and OFFLOAD in schedule.kinds():
         raise ValueError(f"recompute={recompute!r} with an offloading schedule: offload moves "
                          f"what a forward saves, recomputation drops it; use one of the two "
@@ -342,6 +360,10 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     draft = Draft(schedule, cfg, ranks, {"recompute": recompute}, dp, tp, ep, steps, partition,
                   batch_size, check)
     used = prepare_all(draft)
+    if engine == "torch" and used:
+        raise ValueError(f"engine='torch' does not run pipelab's techniques "
+                         f"{', '.join(used)} (schedule {schedule.name!r} needs them): run it "
+                         f"on engine='pipelab'")
     for later in draft.checks:
         later(draft)
     if custom:
@@ -370,9 +392,13 @@ def prepare_run(schedule, *, ranks: int, model=None, partition=None, seed: int =
     positive_number("lr", lr)
     injections, replica = _injections(schedule, inject, dp)
     boundaries = _boundaries(cfg, bounds, batch_size, m * dp, seed) if custom else None
+    if engine == "torch":
+        torch_engine.check_batch(model_source(cfg), batch_size, seed)
+        torch_trace = None if torch_trace is None else str(torch_engine.check_trace_dir(torch_trace))
     return RunSpec(schedule, cfg, bounds, batch_size, seed, steps, float(lr), bool(check),
                    draft.partition_name, injections, plugins, dp, replica, draft.recompute, tp,
-                   ep, link, used, draft.gradient_check, draft.braided, boundaries, _meter)
+                   ep, link, used, draft.gradient_check, draft.braided, boundaries, _meter,
+                   engine, torch_csv, torch_trace)
 
 
 def _boundaries(model, bounds: list[tuple[int, int]], batch_size: int, parts: int,
