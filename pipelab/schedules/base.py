@@ -214,7 +214,10 @@ class Schedule:
         return result
 
     def to_csv(self, path: str | Path | None = None) -> str:
-        """One row per rank, one cell per action (PyTorch's pipeline CSV layout)."""
+        """pipelab's own CSV: one row per rank, one cell per action in pipelab's words (any kind;
+        a compound step written `0F3+3B1`). Lossless for the actions, read back by `from_csv`
+        (routes and slices are given there). It is NOT torch's format: torch reads `0F3+3B1` as
+        `0F3`. For torch.distributed.pipelining and TorchTitan, use `to_torch_csv`."""
         buf = io.StringIO()
         writer = csv.writer(buf, lineterminator="\n")
         for acts in self.actions:
@@ -241,6 +244,45 @@ class Schedule:
         if routes is not None or slices is not None:
             result = replace(result, routes=routes, slices=slices)
         return result
+
+    # --- torch.distributed.pipelining's file (torch_format.py) ------------------------------
+    def to_torch_csv(self, path: str | Path | None = None) -> str:
+        """torch 2.13's compute-only schedule CSV, the file `_PipelineScheduleRuntime._load_csv`
+        and TorchTitan's `--parallelism.pipeline_parallel_schedule_csv` read: one row per rank,
+        `2F0`, `2B0`, `2I0`, `2W0`, pairs as `(0F3;3B1)OVERLAP_F_B`. A schedule torch cannot run
+        (recomputation, vocabulary passes, braids, in-schedule updates, replica sums) is refused
+        with a ValueError saying what to do instead, before anything is written."""
+        from .torch_format import to_torch_csv
+        return to_torch_csv(self, path)
+
+    @classmethod
+    def from_torch_csv(cls, path_or_text: str | Path, *, microbatches: int | None = None,
+                       name: str | None = None) -> "Schedule":
+        """Read torch's schedule CSV, compute-only or the compute+comms form torch dumps (its
+        SEND/RECV/UNSHARD/RESHARD/REDUCE_GRAD cells are dropped; pipelab derives its own). The
+        placement is inferred as torch infers it (a stage lives on the row of its actions);
+        microbatches, when given, must be exactly those the file forwards on every stage."""
+        from .torch_format import rows_from_torch_text, schedule_from_rows
+        if not isinstance(path_or_text, (str, Path)):
+            raise ValueError(f"from_torch_csv takes a path or the CSV text as a str, got "
+                             f"{type(path_or_text).__name__}")
+        text = _csv_text(path_or_text)
+        _check_size(text)
+        return schedule_from_rows(cls, rows_from_torch_text(text), microbatches, name)
+
+    @classmethod
+    def from_torch(cls, schedule: object, *, name: str | None = None) -> "Schedule":
+        """A torch schedule instance (ScheduleGPipe ... ScheduleDualPipeV, or a
+        `_PipelineScheduleRuntime` after `_load_csv`) as a pipelab Schedule, read from its table
+        (`pipeline_order`), never run. For the single-stage classes (ScheduleGPipe,
+        Schedule1F1B) the table is a drawing: their runtime runs its own loop, counting each
+        rank's forwards and backwards 0, 1, 2, ...; torch 2.13's Schedule1F1B table numbers the
+        last rank's forwards 1..m. Their microbatches are renumbered in that count, so the
+        result is the order their runtime executes."""
+        from .torch_format import rows_from_torch, schedule_from_rows
+        rows, microbatches, single = rows_from_torch(schedule)
+        return schedule_from_rows(cls, rows, microbatches, name or f"torch:{type(schedule).__name__}",
+                                  renumber=single)
 
     @classmethod
     def _from_rows(cls, rows, placement, microbatches, name) -> "Schedule":
