@@ -2,6 +2,7 @@
 
     python -m pipelab run --schedule 1f1b --ranks 2 --microbatches 8 --trace run.json
     torchrun --nproc-per-node 2 -m pipelab run --schedule 1f1b --microbatches 8
+    python -m pipelab run --engine torch --schedule zb-v    # on torch's pipelining runtime
     python -m pipelab run --model mymodel --schedule zb-h1      # your own model (mymodel.py)
 
 Without torchrun the ranks are a LocalCluster of spawned workers. Under torchrun (RANK and
@@ -103,6 +104,13 @@ def _parser():
              "default: 30)")
     add("--trace", default=None, metavar="PATH",
         help="write the measured timeline as a Chrome trace (open in ui.perfetto.dev)")
+    add("--engine", default="pipelab", choices=("pipelab", "torch"),
+        help="the runtime: pipelab's executor (default) or torch's: the schedule exported as "
+             "torch's CSV runs on torch.distributed.pipelining's _PipelineScheduleRuntime, "
+             "checked and timed the same way")
+    add("--torch-trace", default=None, metavar="DIR",
+        help="with --engine torch: write each rank's torch.profiler Chrome trace of the last "
+             "step to DIR/rank<r>.json")
     add("--no-pin", action="store_true", help="do not pin workers to cores")
     add("--no-check", action="store_true",
         help="skip the comparison with the unsplit model (loss and gradients)")
@@ -152,7 +160,8 @@ def _run_options(args) -> dict:
     """The keyword arguments that `prepare_run` and `cluster.run` share."""
     return dict(partition=args.partition, seed=args.seed, batch_size=args.batch_size,
                 steps=args.steps, lr=args.lr, check=not args.no_check,
-                data_parallel=args.data_parallel, recompute=_recompute(args.recompute))
+                data_parallel=args.data_parallel, recompute=_recompute(args.recompute),
+                engine=args.engine, torch_trace=args.torch_trace)
 
 
 def _recompute(text: str):
