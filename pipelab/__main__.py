@@ -4,6 +4,7 @@
     torchrun --nproc-per-node 2 -m pipelab run --schedule 1f1b --microbatches 8
     python -m pipelab run --engine torch --schedule zb-v    # on torch's pipelining runtime
     python -m pipelab run --model mymodel --schedule zb-h1      # your own model (mymodel.py)
+    python -m pipelab export --schedule zb-v --ranks 8 --microbatches 24 -o zbv.csv  # torch's file
 
 Without torchrun the ranks are a LocalCluster of spawned workers. Under torchrun (RANK and
 WORLD_SIZE set) every process joins the gloo group through env:// and runs its own rank
@@ -23,7 +24,7 @@ from datetime import timedelta
 import pipelab as pl
 
 from . import SCHEDULES
-from .support.atomic import check_target
+from .support.atomic import check_target, write_text
 from .runtime.spec import check_timeout, prepare_run
 from .runtime import LocalCluster, PipelineTimeout, WorkerError, assemble, run_rank
 from .checks import MAX_LOCAL_RANKS, at_most, positive_int
@@ -114,7 +115,66 @@ def _parser():
     add("--no-pin", action="store_true", help="do not pin workers to cores")
     add("--no-check", action="store_true",
         help="skip the comparison with the unsplit model (loss and gradients)")
+    _export_parser(commands)
     return parser, run
+
+
+def _export_parser(commands) -> None:
+    export = commands.add_parser(
+        "export", help="write a schedule as torch's CSV and print the TorchTitan flags",
+        description="Write a schedule as torch.distributed.pipelining's schedule CSV (the file "
+                    "_PipelineScheduleRuntime._load_csv and TorchTitan read), check it with "
+                    "torch's own parser, and print the TorchTitan flags that train with it.")
+    add = export.add_argument
+    add("--schedule", required=True, metavar="NAME", help=f"one of: {', '.join(SCHEDULES)}")
+    add("--ranks", type=int, default=2, metavar="P", help="pipeline ranks (default: 2)")
+    add("--microbatches", type=int, default=8, metavar="M", help="microbatches (default: 8)")
+    add("--chunks", type=int, default=None, metavar="V", help="stages per rank, where taken")
+    add("-o", "--output", required=True, metavar="PATH", help="the CSV file to write")
+    add("--tokens-per-microbatch", type=int, default=None, metavar="T",
+        help="TorchTitan's training.num_tokens_per_microbatch_per_dp_rank (default: its 16384)")
+    add("--layers", type=int, default=None, metavar="N",
+        help="the model's blocks: with more than 2 stages per rank in a loop, computes "
+             "TorchTitan's pipeline_parallel_layers_per_stage")
+
+
+def _export(args) -> int:
+    """`python -m pipelab export`: exit 2 with one line on bad input, 1 if torch refuses."""
+    import tempfile
+    from pathlib import Path
+
+    from .schedules.torch_format import TITAN_DEFAULT_TOKENS, torch_instance, torchtitan_command, \
+        torchtitan_flags
+    try:
+        check_target(args.output, "--output")
+        options = {} if args.chunks is None else {"chunks": args.chunks}
+        sched = pl.schedule(args.schedule, ranks=args.ranks, microbatches=args.microbatches,
+                            **options)
+        text = sched.to_torch_csv()
+        tokens = args.tokens_per_microbatch
+        titan = dict(tokens_per_microbatch=TITAN_DEFAULT_TOKENS if tokens is None else tokens,
+                     layers=args.layers)
+        _flags, notes = torchtitan_flags(sched, args.output, **titan)
+    except ValueError as err:
+        print(f"python -m pipelab export: error: {' '.join(str(err).split())}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory() as tmp:       # torch's own parser reads it first
+        trial = Path(tmp) / "schedule.csv"
+        trial.write_text(text)
+        try:
+            torch_instance(None, sched.ranks, sched.microbatches, sched.chunks, csv_path=trial)
+        except Exception as err:                      # torch's assertion: report, write nothing
+            print(f"python -m pipelab export: torch's _load_csv refused the file: {err}",
+                  file=sys.stderr)
+            return 1
+    write_text(args.output, text)
+    print(f"wrote {args.output}: {sched.name}, {sched.ranks} ranks, {sched.stages} stages "
+          f"(placement {','.join(map(str, sched.placement))}), {sched.microbatches} microbatches, "
+          f"{len(sched)} steps; torch's _load_csv reads it")
+    print("TorchTitan:\n  " + torchtitan_command(sched, args.output, **titan))
+    for note in notes:
+        print(f"note: {note}")
+    return 0
 
 
 def _build(args, ranks: int):
@@ -255,6 +315,8 @@ def _torchrun(args, fail) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser, run_parser = _parser()
     args = parser.parse_args(argv)
+    if args.command == "export":
+        return _export(args)
 
     def fail(err) -> None:
         run_parser.error(str(err))            # prints usage and the message, exits with 2

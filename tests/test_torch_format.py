@@ -108,7 +108,7 @@ def test_from_torch_refuses_what_is_not_a_torch_schedule():
 REFUSED = {
     "chimera": ["routes", "dualpipe-v"], "dualpipe": ["routes", "G", "dualpipe-v"],
     "pipedream": ["U", "synchronous"], "pipedream-2bw": ["U", "V", "synchronous"],
-    "stp": ["braid", "F+I", "inside the stage modules"],
+    "stp": ["braids", "F+I", "inside the stage modules"],
     "vocab-1": ["vocabulary", "S", "T"], "vocab-2": ["vocabulary", "C"],
     "v-half-vocab": ["vocabulary", "Vf"],
 }
@@ -177,3 +177,56 @@ def test_comm_cells_are_dropped_on_reading():
                  "1RECV_F0,1F0,1B0,1SEND_B0,1RECV_F1,1F1,1B1,1SEND_B1,1REDUCE_GRAD\n"
     assert pl.Schedule.from_torch_csv(with_comms).actions == \
         pl.Schedule.from_torch_csv(GOOD).actions
+
+
+# --- python -m pipelab export -------------------------------------------------------------------
+@pytest.mark.parametrize("name, extra, titan", [
+    ("zb-v", ["--ranks", "8", "--microbatches", "24"], "ZBVZeroBubble"),
+    ("dualpipe-v", ["--ranks", "4", "--microbatches", "8"], "ZBVZeroBubble"),
+    ("interleaved-1f1b", ["--ranks", "4", "--microbatches", "8"], "Interleaved1F1B"),
+    ("zb-h1", ["--ranks", "4", "--microbatches", "8"], "1F1B"),
+])
+def test_export_cli_writes_the_file_and_the_torchtitan_flags(name, extra, titan, tmp_path,
+                                                              capsys):
+    from pipelab.__main__ import main
+    out = tmp_path / "s.csv"
+    assert main(["export", "--schedule", name, *extra, "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    ranks, m = int(extra[1]), int(extra[3])
+    sched = pl.schedule(name, ranks=ranks, microbatches=m)
+    assert pl.Schedule.from_torch_csv(out, name=name) == sched
+    for flag in (f"--parallelism.pipeline_parallel_schedule_csv {out}",
+                 f"--parallelism.pipeline_parallel_degree {ranks}",
+                 f"--parallelism.num_pp_microbatches {m}",
+                 "--training.num_tokens_per_microbatch_per_dp_rank 16384",
+                 f"--parallelism.pipeline_parallel_schedule {titan} "):
+        assert flag in printed, (flag, printed)
+    # the class TorchTitan builds stages from places them as the file does
+    # (a single-stage class: stage r on rank r; a multi-stage one: its default mapping, which
+    # TorchTitan's own placement follows)
+    obj = torch_instance(titan, ranks, m)
+    stages = getattr(obj, "stage_index_to_group_rank", None) or {s: s for s in range(ranks)}
+    assert tuple(stages[s] for s in range(len(stages))) == sched.placement
+
+
+def test_export_cli_computes_layers_per_stage_for_deep_loops(tmp_path, capsys):
+    from pipelab.__main__ import main
+    assert main(["export", "--schedule", "interleaved-1f1b", "--chunks", "3", "--ranks", "2",
+                 "--microbatches", "4", "--layers", "16", "-o", str(tmp_path / "i.csv")]) == 0
+    printed = capsys.readouterr().out
+    # TorchTitan: ceil((16 + 2) / 3) = 6 stages = 2 ranks x 3
+    assert "--parallelism.pipeline_parallel_layers_per_stage 3 " in printed
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--schedule", "chimera"], "routes"),
+    (["--schedule", "zb-v", "--ranks", "0"], "ranks must be a positive integer"),
+    (["--schedule", "nope"], "unknown schedule"),
+    (["--schedule", "zb-v", "--tokens-per-microbatch", "0"], "tokens_per_microbatch"),
+])
+def test_export_cli_bad_input_exits_2_with_one_line(argv, words, tmp_path, capsys):
+    from pipelab.__main__ import main
+    out = tmp_path / "never.csv"
+    assert main(["export", *argv, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1 and not out.exists()

@@ -73,9 +73,10 @@ _VOCAB = ("vocabulary-parallel passes have no action in torch: its stages hold w
           "v-half)")
 _INSTEAD_ROLE = {RECOMPUTE: _INSTEAD_KIND["R"], SHARD_PASS: _VOCAB, UPDATE: _INSTEAD_KIND["U"],
                  VERSION_SELECT: _INSTEAD_KIND["V"]}
-_BRAID = ("a step joining {kinds} (an STP braid, hiding tensor-parallel all-reduces): torch's "
-          "only two-action step is a forward with a full backward ({pair}); export zb-v or "
-          "v-half, and keep tensor parallelism inside the stage modules")
+_BRAID = ("steps joining {kinds} (STP's braids join a forward with an I or a W to hide "
+          "tensor-parallel all-reduces): torch's only two-action step is a forward with a full "
+          "backward ({pair}); export zb-v or v-half, and keep tensor parallelism inside the "
+          "stage modules")
 
 
 # --- export ------------------------------------------------------------------------------------
@@ -325,3 +326,86 @@ def torch_instance(cls_or_name: str | type, ranks: int, microbatches: int,
     if csv_path is not None:
         obj._load_csv(str(csv_path))
     return obj
+
+
+# --- TorchTitan ---------------------------------------------------------------------------------
+# TorchTitan (checked against its main branch, torchtitan/distributed/pipeline_parallel.py and
+# config/configs.py) loads a schedule file into a _PipelineScheduleRuntime, but builds each
+# rank's stages from --parallelism.pipeline_parallel_schedule: a single-stage class gives one
+# stage per rank; a multi-stage class two per rank (or as pipeline_parallel_layers_per_stage
+# makes them), placed in a V for ZBVZeroBubble and DualPipeV and in a loop otherwise. The class
+# must therefore place stages as the file does. ZBVZeroBubble is the V class its metrics know
+# (they read the loss on rank 0 for it only), so it is named for every V file.
+TITAN_SINGLE, TITAN_LOOP, TITAN_V = "1F1B", "Interleaved1F1B", "ZBVZeroBubble"
+TITAN_DEFAULT_TOKENS = 16384       # TorchTitan's training.num_tokens_per_microbatch_per_dp_rank
+
+
+def titan_schedule_class(schedule: "Schedule") -> str | None:
+    """The TorchTitan schedule name whose stage placement is `schedule`'s (None: none is)."""
+    from .placement import loop_placement, v_placement
+    p, placement = schedule.ranks, schedule.placement
+    if placement == loop_placement(p, 1):
+        return TITAN_SINGLE
+    if p > 1 and placement == v_placement(p):
+        return TITAN_V
+    if len(placement) % p == 0 and placement == loop_placement(p, len(placement) // p):
+        return TITAN_LOOP
+    return None
+
+
+def titan_layers_per_stage(stages: int, layers: int) -> int | None:
+    """A pipeline_parallel_layers_per_stage L that makes TorchTitan cut `layers` blocks (plus
+    one weight each for the embedding and the output layer) into exactly `stages` stages."""
+    for per_stage in range(1, layers + 3):
+        if -(-(layers + 2) // per_stage) == stages:
+            return per_stage
+    return None
+
+
+def torchtitan_flags(schedule: "Schedule", csv_path: str | Path, *,
+                     tokens_per_microbatch: int = TITAN_DEFAULT_TOKENS,
+                     layers: int | None = None) -> tuple[list[str], list[str]]:
+    """(TorchTitan's command-line flags that train with the exported file, notes to print
+    beside them). Flag names as in TorchTitan's main branch; older releases took the microbatch
+    size as --parallelism.pipeline_parallel_microbatch_size (sequences) instead of tokens."""
+    positive_int("tokens_per_microbatch", tokens_per_microbatch)
+    flags = [f"--parallelism.pipeline_parallel_degree {schedule.ranks}",
+             f"--parallelism.pipeline_parallel_schedule_csv {csv_path}"]
+    notes = []
+    name = titan_schedule_class(schedule)
+    if name is None:
+        notes.append(f"no TorchTitan schedule places stages as this file does (placement "
+                     f"{','.join(map(str, schedule.placement))}): TorchTitan places them in a "
+                     f"loop or a V; load the file with your own _PipelineScheduleRuntime")
+    else:
+        flags.append(f"--parallelism.pipeline_parallel_schedule {name}")
+        shape = {TITAN_SINGLE: "one per rank", TITAN_V: "a V: rank r holds stages r and "
+                 f"{2 * schedule.ranks - 1}-r", TITAN_LOOP: "a loop: rank r holds stages r, "
+                 f"r+{schedule.ranks}, ..."}[name]
+        notes.append(f"--parallelism.pipeline_parallel_schedule {name} only places the stages "
+                     f"({shape}); the file decides the order")
+    per_rank = schedule.stages // schedule.ranks
+    if name == TITAN_LOOP and per_rank != 2:
+        if layers is not None:
+            positive_int("layers", layers)
+            per_stage = titan_layers_per_stage(schedule.stages, layers)
+            if per_stage is None:
+                notes.append(f"{layers} layers cannot be cut into {schedule.stages} stages")
+            else:
+                flags.append(f"--parallelism.pipeline_parallel_layers_per_stage {per_stage}")
+        else:
+            notes.append(f"{per_rank} stages per rank: add --parallelism.pipeline_parallel_"
+                         f"layers_per_stage L with ceil((layers + 2) / L) = {schedule.stages} "
+                         f"(give --layers and it is computed)")
+    flags += [f"--parallelism.num_pp_microbatches {schedule.microbatches}",
+              f"--training.num_tokens_per_microbatch_per_dp_rank {tokens_per_microbatch}"]
+    return flags, notes
+
+
+def torchtitan_command(schedule: "Schedule", csv_path: str | Path, *, module: str = "llama3",
+                       config: str = "llama3_8b", **options) -> str:
+    """TorchTitan's launch line (its run_train.sh) with `torchtitan_flags`, one flag a line;
+    NGPU is the pipeline's ranks (multiply it by any other parallel degree you add)."""
+    flags, _notes = torchtitan_flags(schedule, csv_path, **options)
+    head = f"NGPU={schedule.ranks} MODULE={module} CONFIG={config} ./run_train.sh"
+    return " \\\n  ".join([head] + flags)
