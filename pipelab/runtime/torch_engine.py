@@ -88,8 +88,19 @@ def _default(name: str, value) -> bool:
 
 
 def export(schedule) -> str:
-    """The schedule as torch's compute-only CSV; ValueError for one torch cannot express."""
-    return schedule.to_torch_csv()
+    """The schedule as torch's compute-only CSV; ValueError for one torch cannot express, or
+    one its runtime would stop inside a step."""
+    text = schedule.to_torch_csv()
+    last = schedule.stages - 1
+    order = [part.microbatch for item in schedule.actions[schedule.rank_of(last)]
+             for part in item.parts if part.stage == last and part.kind == "F"]
+    if order != sorted(order):
+        raise ValueError(f"schedule {schedule.name!r}: its last stage {last} runs its forwards "
+                         f"in the microbatch order {order}; torch's runtime keeps the losses in "
+                         f"the order they were computed and looks microbatch k's up at "
+                         f"position k, so it needs them in order 0..{schedule.microbatches - 1}: "
+                         f"run it on engine='pipelab', or reorder those forwards")
+    return text
 
 
 def check_batch(model, batch_size: int, seed: int) -> None:
