@@ -13,7 +13,7 @@ import json
 import pytest
 
 import pipelab as pl
-from pipelab.runtime.torch_engine import torch_text
+from pipelab.schedules.torch_format import torch_cell
 
 TOL = 1e-5
 CFG = pl.ModelConfig(n_layers=2, d_model=32, n_heads=2, seq_len=8)
@@ -100,10 +100,10 @@ def test_torch_trace_holds_the_same_actions(cluster, tmp_path):
     _check(res, sched)
     for rank in range(2):
         trace = json.loads((tmp_path / "tr" / f"rank{rank}.json").read_text())
-        want = {f"PP:{torch_text(a)}" for a in sched.actions[rank]}
+        want = {f"PP:{torch_cell(a)}" for a in sched.actions[rank]}
         regions = sorted((e["ts"], e["name"]) for e in trace["traceEvents"]
                          if e.get("ph") == "X" and e.get("name") in want)
-        assert [name for _ts, name in regions] == [f"PP:{torch_text(a)}"
+        assert [name for _ts, name in regions] == [f"PP:{torch_cell(a)}"
                                                    for a in sched.actions[rank]]
 
 

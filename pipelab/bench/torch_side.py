@@ -4,9 +4,9 @@
 
 `job` (see `make_job`) names a torch schedule class, the stage → rank placement style (torch's
 "loop" or "v", as `generate_stage_to_rank_mapping` places them), the model config, the stage
-bounds, the batch and the microbatch count. Each stage is `pl.build_layers(cfg, start, stop)`,
-exactly the layers and weights pipelab's runtime builds, so both runtimes compute the same
-function. Stages and schedule objects are kept between calls with the same shape (building
+bounds, the batch and the microbatch count. Each rank's stages are the runtime's
+`RankStages`: the layers, weights and parameter names pipelab's runtime builds, so both runtimes
+compute the same function. Stages and schedule objects are kept between calls with the same shape (building
 them, and torch's shape inference on the first step, are not part of a step).
 
 A step is timed as pipelab's executor times one: from the end of a barrier to the end of the
@@ -20,7 +20,8 @@ import time
 import torch
 
 from ..model.data import get_batch
-from ..model.gpt import ModelConfig, build_layers, loss_fn
+from ..model.gpt import ModelConfig, loss_fn
+from ..runtime.stage import RankStages
 from ..schedules import loop_placement, v_placement
 from .profiling import profiler as make_profiler, summarize
 
@@ -37,7 +38,7 @@ TORCH_PEERS = {
     "dualpipe-v": ("ScheduleDualPipeV", "v"),
 }
 
-_BUILT: dict = {}          # shape key -> (modules, stages, schedule): one entry, the last shape
+_BUILT: dict = {}          # shape key -> (our stages, torch's stages, schedule): one entry, the last shape
 
 
 def placement(style: str, ranks: int, chunks: int) -> tuple[int, ...]:
@@ -69,41 +70,28 @@ def _build(job: dict, rank: int):
     cls = getattr(schedules, job["schedule"])
     cfg, n = job["cfg"], len(place)
     mine = [s for s, r in enumerate(place) if r == rank]
-    modules = {s: build_layers(cfg, *job["bounds"][s]) for s in mine}
-    stages = [PipelineStage(modules[s], s, n, torch.device("cpu")) for s in mine]
+    ours = RankStages(cfg, job["bounds"], mine)     # the layers and names our runtime builds
+    stages = [PipelineStage(ours.modules[s], s, n, torch.device("cpu")) for s in mine]
     if issubclass(cls, schedules.PipelineScheduleSingle):
         if len(stages) != 1:
             raise ValueError(f"{job['schedule']} runs one stage per rank, not {len(stages)}")
         sched = cls(stages[0], job["microbatches"], loss_fn=loss_fn)
     else:
         sched = cls(stages, job["microbatches"], loss_fn=loss_fn)
-    built = (modules, stages, sched, 0 in mine, n - 1 in mine)
+    built = (ours, stages, sched, 0 in mine, n - 1 in mine)
     _BUILT[key] = built
     return built
-
-
-def _gradients(job: dict, modules: dict) -> dict[str, torch.Tensor]:
-    """Named as in ToyGPT: local layer j of stage s is `layers.{start + j}`."""
-    out = {}
-    for s, module in modules.items():
-        start = job["bounds"][s][0]
-        for name, p in module.named_parameters():
-            local, rest = name.split(".", 1)
-            out[f"layers.{start + int(local)}.{rest}"] = \
-                p.grad.clone() if p.grad is not None else torch.zeros_like(p)
-    return out
 
 
 def run_step(job: dict) -> dict:
     """One forward+backward step of torch's schedule on this rank; timings, losses, gradients."""
     import torch.distributed as dist
     rank = dist.get_rank()
-    modules, _stages, sched, first, last = _build(job, rank)
+    ours, _stages, sched, first, last = _build(job, rank)
     cfg = job["cfg"]
     inputs, targets = get_batch(job["batch_size"], cfg.seq_len,
                                 generator=torch.Generator().manual_seed(job["seed"]))
-    for module in modules.values():
-        module.zero_grad(set_to_none=True)
+    ours.zero_grad()
     args = (inputs,) if first else ()
     losses: list = []
     kwargs = {"target": targets, "losses": losses} if last else {}
@@ -121,7 +109,7 @@ def run_step(job: dict) -> dict:
     report = {"rank": rank, "begin": begin, "end": end, "cpu": cpu,
               "losses": [float(x.detach()) for x in losses],
               "actions": sum(1 for a in sched_actions(sched, rank)),
-              "grads": _gradients(job, modules) if job["grads"] else None}
+              "grads": ours.gradients() if job["grads"] else None}
     if profiler is not None:
         report["profile"] = summarize(profiler)
     return report

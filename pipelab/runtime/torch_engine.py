@@ -38,6 +38,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..schedules.torch_format import torch_cell
 from .board import DONE, OPTIM, RUN, SETUP, SYNC, NoBoard
 from .stage import RankStages
 
@@ -195,13 +196,6 @@ class _Packed(torch.nn.Module):
         return self.layers(args[0] if len(args) == 1 else args)
 
 
-def torch_text(item) -> str:
-    """torch's text for one of our actions: `1F3`, or a pair as `(0F3;3B1)OVERLAP_F_B`."""
-    if len(item.parts) > 1:
-        return "(" + ";".join(map(str, item.parts)) + ")OVERLAP_F_B"
-    return str(item)
-
-
 def run_rank(spec, rank: int, board=None, notify=None) -> dict:
     """Every training step of `spec` on torch's runtime as pipeline rank `rank`; a report in
     the executor's layout (executor.run_rank), which `result.assemble` reads."""
@@ -222,7 +216,7 @@ def run_rank(spec, rank: int, board=None, notify=None) -> dict:
         runtime._load_csv(path)
     first, last = 0 in mine, sched.stages - 1 in mine
     ours = list(sched.actions[rank])
-    texts = [torch_text(item) for item in ours]
+    texts = [torch_cell(item) for item in ours]
     clock = _Clock(schedules.record_function, schedules._wait_batch_p2p, board, rank,
                    {f"PP:{t}" for t in texts})
     producers = _producers(sched)
