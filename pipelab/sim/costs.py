@@ -22,6 +22,7 @@ from ..schedules.actions import Action
 from ..schedules.kinds import KIND_SPECS
 
 Cost = float | Sequence[float]
+_STATISTICS = {"median": median, "min": min}      # Costs.fit's reading of each kind's samples
 SCOPES = ("rank", "stage")
 # What a rank's worth divides over its stages: compute times and per-stage amounts of work. A
 # message (comm, message_bytes), a link, an overlap constant and measured times are not divided.
@@ -227,14 +228,21 @@ class Costs:
         return cls(F=F, I=B / 2, W=B / 2, comm=comm, **kw)
 
     @classmethod
-    def fit(cls, timeline, stages: int, comm: float = 0.0) -> "Costs":
+    def fit(cls, timeline, stages: int, comm: float = 0.0,
+            statistic: str = "median") -> "Costs":
         """The per-stage table (`scope="stage"`) a measured timeline implies: the median time
-        of each kind on each stage (CPU time where it was recorded). Each kind is fitted from
+        of each kind on each stage (CPU time where it was recorded). `statistic="min"` takes
+        the shortest instead: for wall-clock spans on a shared machine (a profiler trace holds
+        no CPU time), where other processes only ever lengthen a span. Each kind is fitted from
         its own samples: I and W from split backwards, B from full ones; where a stage only ran
         full backwards, I and W are half of its B each. A compound step of one pass on several
         microbatches (Chimera's doubled forward `0F0+0F1`) counts as that many passes, each an
         equal share of its time; one that joins different passes (DualPipe's F&B pair) is left
         out: no one kind's time can be read from it."""
+        pick = _STATISTICS.get(statistic)
+        if pick is None:
+            raise ValueError(f"statistic must be one of {', '.join(map(repr, _STATISTICS))}, "
+                             f"got {statistic!r}")
         samples: dict[tuple[str, int], list[float]] = {}
         for e in timeline.events:
             parts = e.action.parts
@@ -244,7 +252,7 @@ class Costs:
             samples.setdefault((parts[0].kind, parts[0].stage), []).extend([took] * len(parts))
 
         def per_stage(kind: str) -> list[float | None]:
-            return [median(samples[(kind, s)]) if (kind, s) in samples else None
+            return [pick(samples[(kind, s)]) if (kind, s) in samples else None
                     for s in range(stages)]
 
         forward, full, grad_in, grad_w = (per_stage(k) for k in "FBIW")

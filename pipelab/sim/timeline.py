@@ -108,6 +108,15 @@ class Timeline:
         self.schedule = schedule
         self.comm = comm
 
+    @classmethod
+    def from_torch_trace(cls, paths, schedule=None, step: int = -1) -> "Timeline":
+        """The measured timeline of a torch.distributed.pipelining run, read from one
+        torch.profiler Chrome trace per rank (a list in rank order, or a folder of
+        rank<r>.json): one event per compute action, from torch's `PP:<action>` regions
+        (torch_trace.py). `pl.Costs.fit(timeline, stages)` then fits per-stage costs."""
+        from .torch_trace import read_torch_trace
+        return read_torch_trace(paths, schedule=schedule, step=step)
+
     # --- time --------------------------------------------------------------------------------
     @property
     def start(self) -> float:
