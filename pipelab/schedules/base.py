@@ -218,14 +218,7 @@ class Schedule:
         a compound step written `0F3+3B1`). Lossless for the actions, read back by `from_csv`
         (routes and slices are given there). It is NOT torch's format: torch reads `0F3+3B1` as
         `0F3`. For torch.distributed.pipelining and TorchTitan, use `to_torch_csv`."""
-        buf = io.StringIO()
-        writer = csv.writer(buf, lineterminator="\n")
-        for acts in self.actions:
-            writer.writerow([str(a) for a in acts])
-        text = buf.getvalue()
-        if path is not None:
-            write_text(path, text)       # beside the target, then renamed: never half a file
-        return text
+        return write_rows(self.actions, str, path)
 
     @classmethod
     def from_csv(cls, path_or_text: str | Path, *, placement: Sequence[int] | None = None,
@@ -337,6 +330,18 @@ class Schedule:
         """Raise ScheduleError (with the grid, the bad step marked) unless the schedule is sound."""
         self.execution_order()      # validates, and caches the order that simulate() reuses
         return self
+
+
+def write_rows(actions, cell, path: str | Path | None = None) -> str:
+    """CSV text of one row per rank, `cell(step)` per step; written to `path` when given."""
+    buf = io.StringIO()
+    writer = csv.writer(buf, lineterminator="\n")
+    for acts in actions:
+        writer.writerow([cell(a) for a in acts])
+    text = buf.getvalue()
+    if path is not None:
+        write_text(path, text)       # beside the target, then renamed: never half a file
+    return text
 
 
 def _csv_text(path_or_text: str | Path) -> str:

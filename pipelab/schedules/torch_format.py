@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..checks import positive_int
-from ..support.atomic import write_text
 from .actions import Action, Compound
 from .kinds import KIND_SPECS, RECOMPUTE, SHARD_PASS, UPDATE, VERSION_SELECT
 
@@ -137,14 +136,8 @@ def to_torch_csv(schedule: "Schedule", path: str | Path | None = None) -> str:
         raise ValueError(reason)
     schedule.validate()
     check_counts(schedule.actions, schedule.microbatches, len(schedule.placement))
-    buf = io.StringIO()
-    writer = csv.writer(buf, lineterminator="\n")
-    for acts in schedule.actions:
-        writer.writerow([torch_cell(item) for item in acts])
-    text = buf.getvalue()
-    if path is not None:
-        write_text(path, text)
-    return text
+    from .base import write_rows
+    return write_rows(schedule.actions, torch_cell, path)
 
 
 def check_counts(rows: Sequence[Sequence[Action | Compound]], microbatches: int,
