@@ -108,7 +108,7 @@ def torch_refusal(schedule: "Schedule") -> str | None:
         by_advice[advice].append(f"{count} {kind} ({what})")
     for advice, kinds in by_advice.items():
         reasons.append(f"{'; '.join(kinds)}: {advice}")
-    if braids:
+    if braids and schedule.routes is None:    # (a two-route schedule's pairs are said above)
         shown = ", ".join(f"{k} ×{n}" for k, n in sorted(braids.items()))
         reasons.append(_BRAID.format(kinds=shown, pair=f"(0F3;3B1){PAIR}"))
     idle = [r for r, acts in enumerate(schedule.actions) if not acts]
