@@ -2,7 +2,7 @@
 
     python benchmarks/vs_torch.py [--steps 12] [--warmup 3] [--microbatches 8] [--ranks 2]
                                   [--sizes compute,overhead] [--schedules dualpipe-v,...]
-                                  [--no-tables] [--profile]
+                                  [--no-tables] [--profile] [--same-order-only]
 
 For every schedule name in `pl.SCHEDULES` that has a torch peer (gpipe ↔ ScheduleGPipe, 1f1b ↔
 Schedule1F1B, interleaved-1f1b ↔ ScheduleInterleaved1F1B, looped-bfs ↔ ScheduleLoopedBFS,
@@ -31,6 +31,15 @@ does not distort the way it distorts wall-clock time): total per action from unp
 ours with its sampled activation meter (the default: one hooked forward per stage), with the
 meter hooking every forward (`RunSpec.meter = "full"`) and without a meter, and a thread-time
 cProfile folded into categories.
+
+"Same order, two runtimes" (also alone with `--same-order-only`): every registered schedule
+torch can express (`to_torch_csv` accepts it: gpipe, 1f1b, interleaved-1f1b, looped-bfs, zb-h1,
+zb-h2, zb-v, v-half, v-min, zb-auto, dualpipe-v) run by our runtime and by torch's
+`_PipelineScheduleRuntime` from the exported file (`cluster.run(engine="torch")`), alternately in
+the same worker processes: the same actions in the same order on both, so what differs is the
+runtime. Each side's first step is checked against the unsplit model; step time (median) and the
+busiest rank's thread CPU, both measured by the same call (`pipelab.bench.ours_side`) from the
+end of the same barrier, with the ratio ours/torch judged step by step as above.
 
 Wall-clock figures are only meaningful on a quiet machine: the load average is printed.
 """
@@ -181,6 +190,66 @@ def print_rows(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
               f"  {r['cpu_verdict']}")
 
 
+def exportable(ranks: int, microbatches: int, chunks: int,
+               only: list[str] | None = None) -> list[pl.Schedule]:
+    """Every registered schedule (or those in `only`) that torch's runtime can run as written."""
+    out = []
+    for name in pl.SCHEDULES:
+        if only and name not in only:
+            continue
+        try:
+            sched = our_schedule(name, ranks, microbatches, chunks)
+            sched.to_torch_csv()
+        except (ValueError, pl.ScheduleError):
+            continue                                  # not expressible in torch (or this shape)
+        out.append(sched)
+    return out
+
+
+def same_order(cluster, sched: pl.Schedule, cfg, batch: int, steps: int, warmup: int) -> dict:
+    """One schedule on our runtime and on torch's, from the exported file, same workers."""
+    bounds = pl.partition(cfg, sched.stages).bounds
+    runs = {engine: cluster.run(sched, model=cfg, partition=bounds, batch_size=batch,
+                                engine=engine, progress=False) for engine in ("pipelab", "torch")}
+    specs = {engine: dataclasses.replace(res.spec, check=False) for engine, res in runs.items()}
+    wall: dict[str, list] = {"pipelab": [], "torch": []}
+    cpu: dict[str, list] = {"pipelab": [], "torch": []}
+    for k in range(warmup + steps):                  # alternate: both see the same load
+        for engine, spec in specs.items():
+            reps = cluster.call(OURS_STEP, spec)
+            if k >= warmup:
+                wall[engine].append((max(r["end"] for r in reps) -
+                                     min(r["begin"] for r in reps)) * 1e3)
+                cpu[engine].append([r["cpu"] for r in reps])
+    ours, theirs = runs["pipelab"], runs["torch"]
+    return {"name": sched.name, "actions": sum(map(len, sched.actions)),
+            "err": ours.max_grad_error, "torch_err": theirs.max_grad_error,
+            "loss_err": abs(ours.loss - ours.reference_loss) / abs(ours.reference_loss),
+            "torch_loss_err": abs(theirs.loss - theirs.reference_loss) / abs(theirs.reference_loss),
+            "ours_ms": statistics.median(wall["pipelab"]), "torch_ms": statistics.median(wall["torch"]),
+            "ours_cpu": _busiest(cpu["pipelab"]), "torch_cpu": _busiest(cpu["torch"]),
+            "wall_verdict": _at_most(wall["pipelab"], wall["torch"]),
+            "cpu_verdict": _at_most([max(step) for step in cpu["pipelab"]],
+                                    [max(step) for step in cpu["torch"]])}
+
+
+def print_same_order(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
+    print(f"\nsame order, two runtimes ({size}-bound: d_model {cfg.d_model}, {cfg.n_layers} "
+          f"blocks, microbatches of {rows_per_mb} x {cfg.seq_len} tokens): our runtime and "
+          f"torch's _PipelineScheduleRuntime running the file to_torch_csv exported")
+    head = (f"{'schedule':<18}{'actions':>8}{'grad err':>10}{'torch':>9}{'loss err':>10}"
+            f"{'torch':>9}{'wall ms':>9}{'torch':>8}{'ratio':>7}{'CPU ms':>8}{'torch':>7}"
+            f"{'ratio':>7}  CPU <= torch's")
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['name']:<18}{r['actions']:>8}{r['err']:>10.1e}{r['torch_err']:>9.1e}"
+              f"{r['loss_err']:>10.1e}{r['torch_loss_err']:>9.1e}"
+              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
+              f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}"
+              f"  {r['cpu_verdict']}")
+
+
 def print_tables(sched: pl.Schedule, torch_class: str) -> None:
     """Our schedule and torch's private table, rank by rank, with what differs."""
     try:
@@ -266,6 +335,8 @@ def main() -> None:
                         help=f"comma-separated, from: {', '.join(TORCH_PEERS)} (default: all)")
     parser.add_argument("--no-tables", action="store_true")
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--same-order-only", action="store_true",
+                        help="only the 'same order, two runtimes' table")
     args = parser.parse_args()
     if args.steps < 10:
         parser.error("--steps must be at least 10 (a median of fewer steps is noise)")
@@ -273,12 +344,14 @@ def main() -> None:
     if unknown:
         parser.error(f"--sizes: unknown size(s) {unknown}; choose from {', '.join(SIZES)}")
     only = [name for name in args.schedules.split(",") if name]
-    unknown = [name for name in only if name not in TORCH_PEERS]
+    unknown = [name for name in only if name not in TORCH_PEERS and name not in pl.SCHEDULES]
     if unknown:
-        parser.error(f"--schedules: no torch peer for {unknown}; choose from {', '.join(TORCH_PEERS)}")
+        parser.error(f"--schedules: unknown {unknown}; choose from {', '.join(pl.SCHEDULES)}")
     load_before = os.getloadavg()
-    comparable = pairs(args.ranks, args.microbatches, args.chunks, only)
-    results = {}
+    comparable = [] if args.same_order_only else \
+        pairs(args.ranks, args.microbatches, args.chunks, only)
+    exported = exportable(args.ranks, args.microbatches, args.chunks, only)
+    results, same = {}, []
     with pl.LocalCluster(args.ranks, timeout=120) as cluster:
         print(f"{args.ranks} ranks pinned to cores {cluster.cores}, {args.microbatches} "
               f"microbatches, uniform partition, median of {args.steps} steps after "
@@ -287,13 +360,18 @@ def main() -> None:
             kwargs, rows_per_mb = SIZES[size]
             cfg = pl.ModelConfig(**kwargs)
             batch = rows_per_mb * args.microbatches
-            rows = [compare(cluster, name, sched, cls, style, cfg, batch, args.steps, args.warmup)
-                    for name, sched, cls, style in comparable]
-            results[size] = rows
-            print_rows(size, cfg, rows_per_mb, rows)
-            if args.profile:
-                for row in rows:
-                    cpu_profile(cluster, row, cfg, batch, args.steps, args.warmup)
+            if comparable:
+                rows = [compare(cluster, name, sched, cls, style, cfg, batch, args.steps,
+                                args.warmup) for name, sched, cls, style in comparable]
+                results[size] = rows
+                print_rows(size, cfg, rows_per_mb, rows)
+                if args.profile:
+                    for row in rows:
+                        cpu_profile(cluster, row, cfg, batch, args.steps, args.warmup)
+            rows = [same_order(cluster, sched, cfg, batch, args.steps, args.warmup)
+                    for sched in exported]
+            same += rows
+            print_same_order(size, cfg, rows_per_mb, rows)
     load_after = os.getloadavg()
     if not args.no_tables:
         for name, sched, cls, _style in comparable:
@@ -302,7 +380,17 @@ def main() -> None:
           f"{load_before[2]:.1f} before, {load_after[0]:.1f} {load_after[1]:.1f} "
           f"{load_after[2]:.1f} after; wall-clock ratios need a quiet machine, CPU per action "
           f"(--profile) does not")
+    exact = all(max(r["err"], r["torch_err"], r["loss_err"], r["torch_loss_err"]) <= 1e-5
+                for r in same)
+    print(f"same order, two runtimes: {len(same)} rows, both runtimes exact (<= 1e-5): "
+          f"{'yes' if exact else 'NO'}; CPU per step ours <= torch's (judged step by step): "
+          f"{_overall([r['cpu_verdict'] for r in same])} "
+          f"({sum(r['cpu_verdict'] == 'met' for r in same)} met, "
+          f"{sum(r['cpu_verdict'] == NOT_RESOLVABLE for r in same)} not resolvable); wall "
+          f"{_overall([r['wall_verdict'] for r in same])}")
     every = [r for rows in results.values() for r in rows]
+    if not every:
+        return
     worst = max(r["ours_ms"] / r["torch_ms"] for r in every)
     worst_cpu = max(r["ours_cpu"] / r["torch_cpu"] for r in every)
     exact = all(r["err"] <= 1e-5 and r["torch_err"] <= 1e-5 for r in every)

@@ -158,3 +158,21 @@ def test_a_last_stage_out_of_microbatch_order_is_refused(idle):
     sched.to_torch_csv()                                 # torch can express it...
     with pytest.raises(ValueError, match=r"microbatch order \[1, 0\]"):
         idle.run(sched, model=CFG, engine="torch")      # ...but not run it
+
+
+def test_the_benchmark_runs_the_same_order_on_both_runtimes(cluster):
+    """benchmarks/vs_torch.py's 'same order, two runtimes' table: every schedule torch can
+    express, each run by both runtimes in the same workers, both exact."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "vs_torch.py"
+    spec = importlib.util.spec_from_file_location("vs_torch_same_order", path)
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    names = [s.name for s in bench.exportable(2, 4, 2)]
+    assert set(SCHEDULES) <= set(names) and "pipedream" not in names and "vocab-1" not in names
+    for name in ("1f1b", "dualpipe-v"):
+        row = bench.same_order(cluster, pl.schedule(name, ranks=2, microbatches=4), CFG,
+                               batch=8, steps=2, warmup=0)
+        assert max(row["err"], row["torch_err"], row["loss_err"], row["torch_loss_err"]) <= TOL
+        assert row["ours_ms"] > 0 and row["torch_ms"] > 0 and row["torch_cpu"] > 0

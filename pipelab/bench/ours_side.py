@@ -9,6 +9,8 @@ span. The step ends when the executor's `_run_step` returns (its sends waited), 
 ends when `step()` returns: what `run_rank` does after the step (dropping the rank's stages,
 ~1% of a small step) is not part of it. Both ends are found by wrapping `torch.distributed.
 barrier` and the executor's `_run_step` for the duration of the call: no hook in the executor.
+A spec of engine="torch" runs torch's runtime on the exported schedule through the same call
+(run_rank hands it to runtime/torch_engine.py), measured from the same barrier.
 """
 from __future__ import annotations
 
@@ -69,8 +71,11 @@ def run_step(spec, profile: bool = False, without: tuple = (), meter: str | None
         dist.barrier = barrier
         executor._run_step = run_step_of
     step = report["steps"][-1]
+    # engine="torch" (runtime/torch_engine.py) never enters our _run_step: its step report
+    # holds the thread CPU from the end of the barrier to the end of torch's step itself
+    cpu = ends[-1] - marks[-1] if ends else step["cpu"]
     out = {"rank": rank, "begin": step["begin"], "end": max(a[4] for a in step["actions"]),
-           "cpu": ends[-1] - marks[-1], "actions": len(step["actions"]),
+           "cpu": cpu, "actions": len(step["actions"]),
            "handler_cpu": sum(a[5] for a in step["actions"])}
     if profiler is not None:
         out["profile"] = summarize(profiler)

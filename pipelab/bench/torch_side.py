@@ -22,6 +22,7 @@ import torch
 from ..model.data import get_batch
 from ..model.gpt import ModelConfig, loss_fn
 from ..runtime.stage import RankStages
+from ..runtime.torch_engine import plain_linears
 from ..schedules import loop_placement, v_placement
 from .profiling import profiler as make_profiler, summarize
 
@@ -70,7 +71,8 @@ def _build(job: dict, rank: int):
     cls = getattr(schedules, job["schedule"])
     cfg, n = job["cfg"], len(place)
     mine = [s for s, r in enumerate(place) if r == rank]
-    ours = RankStages(cfg, job["bounds"], mine)     # the layers and names our runtime builds
+    # the layers and names our runtime builds, with torch's own Linears (as the torch engine)
+    ours = plain_linears(RankStages(cfg, job["bounds"], mine))
     stages = [PipelineStage(ours.modules[s], s, n, torch.device("cpu")) for s in mine]
     if issubclass(cls, schedules.PipelineScheduleSingle):
         if len(stages) != 1:

@@ -40,6 +40,7 @@ import torch.distributed as dist
 
 from ..schedules.torch_format import torch_cell
 from .board import DONE, OPTIM, RUN, SETUP, SYNC, NoBoard
+from ..model.weight_grad import Linear as DeferrableLinear
 from .stage import RankStages
 
 #: The runtimes `cluster.run(engine=...)` knows.
@@ -184,6 +185,18 @@ class _Region:
         return self.inner.__exit__(*exc)
 
 
+def plain_linears(stages: RankStages) -> RankStages:
+    """`stages` with each of our deferrable Linears (model/weight_grad.py) made a plain
+    nn.Linear again, in place (same Parameters, bit-equal arithmetic): torch splits I and W
+    with autograd.grad, which through our Function would compute each weight GEMM in I too and
+    drop it (W computes it again), while nn.Linear's backward skips what is not asked for."""
+    for module in stages.modules.values():
+        for m in module.modules():
+            if type(m) is DeferrableLinear:
+                m.__class__ = torch.nn.Linear
+    return stages
+
+
 class _Packed(torch.nn.Module):
     """A stage for torch: torch hands a stage the tensors of a tuple its neighbour sent as
     separate arguments; our layers take the tuple (a custom model's (hidden, ids) boundary)."""
@@ -204,7 +217,7 @@ def run_rank(spec, rank: int, board=None, notify=None) -> dict:
     board.set(rank, 0, 0, SETUP)
     sched = spec.schedule
     mine = sched.stages_of(rank)
-    stages = RankStages(spec.cfg, spec.bounds, mine)
+    stages = plain_linears(RankStages(spec.cfg, spec.bounds, mine))
     model = spec.model
     pipe = [PipelineStage(_Packed(stages.modules[s]), s, sched.stages, torch.device("cpu"))
             for s in sorted(mine)]
