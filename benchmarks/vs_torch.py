@@ -172,22 +172,30 @@ def _iqr(xs: list[float]) -> float:
     return q[2] - q[0]
 
 
+TIMING_HEAD = (f"{'wall ms':>9}{'torch':>8}{'ratio':>7}{'CPU ms':>8}{'torch':>7}{'ratio':>7}"
+               f"  CPU <= torch's")
+
+
+def _timing(r: dict) -> str:
+    """A row's step time and CPU, each side's and the ratio ours/torch, and the CPU verdict."""
+    return (f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
+            f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}"
+            f"  {r['cpu_verdict']}")
+
+
 def print_rows(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None:
     print(f"\n{size}-bound: d_model {cfg.d_model}, {cfg.n_layers} blocks, microbatches of "
           f"{rows_per_mb} x {cfg.seq_len} tokens")
     print("wall: step time, median; CPU: thread CPU of the busiest rank in the same span, "
           "median (stable under load); ratios ours/torch")
     head = (f"{'schedule':<18}{'torch class':<31}{'loss ours':>10}{'torch':>9}{'ref':>9}"
-            f"{'grad err':>9}{'torch':>8}{'wall ms':>9}{'torch':>8}{'ratio':>7}"
-            f"{'CPU ms':>8}{'torch':>7}{'ratio':>7}  CPU <= torch's")
+            f"{'grad err':>9}{'torch':>8}" + TIMING_HEAD)
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['name']:<18}{r['torch']:<31}{r['loss']:>10.5f}{r['torch_loss']:>9.5f}"
               f"{r['ref_loss']:>9.5f}{r['err']:>9.1e}{r['torch_err']:>8.1e}"
-              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
-              f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}"
-              f"  {r['cpu_verdict']}")
+              + _timing(r))
 
 
 def exportable(ranks: int, microbatches: int, chunks: int,
@@ -238,16 +246,13 @@ def print_same_order(size: str, cfg, rows_per_mb: int, rows: list[dict]) -> None
           f"blocks, microbatches of {rows_per_mb} x {cfg.seq_len} tokens): our runtime and "
           f"torch's _PipelineScheduleRuntime running the file to_torch_csv exported")
     head = (f"{'schedule':<18}{'actions':>8}{'grad err':>10}{'torch':>9}{'loss err':>10}"
-            f"{'torch':>9}{'wall ms':>9}{'torch':>8}{'ratio':>7}{'CPU ms':>8}{'torch':>7}"
-            f"{'ratio':>7}  CPU <= torch's")
+            f"{'torch':>9}" + TIMING_HEAD)
     print(head)
     print("-" * len(head))
     for r in rows:
         print(f"{r['name']:<18}{r['actions']:>8}{r['err']:>10.1e}{r['torch_err']:>9.1e}"
               f"{r['loss_err']:>10.1e}{r['torch_loss_err']:>9.1e}"
-              f"{r['ours_ms']:>9.2f}{r['torch_ms']:>8.2f}{r['ours_ms'] / r['torch_ms']:>7.2f}"
-              f"{r['ours_cpu']:>8.2f}{r['torch_cpu']:>7.2f}{r['ours_cpu'] / r['torch_cpu']:>7.2f}"
-              f"  {r['cpu_verdict']}")
+              + _timing(r))
 
 
 def print_tables(sched: pl.Schedule, torch_class: str) -> None:
