@@ -176,3 +176,16 @@ def test_the_benchmark_runs_the_same_order_on_both_runtimes(cluster):
                                batch=8, steps=2, warmup=0)
         assert max(row["err"], row["torch_err"], row["loss_err"], row["torch_loss_err"]) <= TOL
         assert row["ours_ms"] > 0 and row["torch_ms"] > 0 and row["torch_cpu"] > 0
+
+
+@pytest.mark.parametrize("torchrun", [False, True])
+def test_the_cli_runs_on_torch_locally_and_under_torchrun(torchrun):
+    from test_runtime_cli import TINY, pipelab
+    out = pipelab("--engine", "torch", "--schedule", "dualpipe-v", "--microbatches", "4", *TINY,
+                  torchrun=torchrun, timeout=240)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("max grad error") == 1
+    assert "run by torch's _PipelineScheduleRuntime" in out.stdout
+    assert float(out.stdout.split("max grad error")[1].split()[0]) <= TOL
+    bad = pipelab("--engine", "torch", "--schedule", "pipedream", "--microbatches", "4", *TINY)
+    assert bad.returncode == 2 and "torch" in bad.stderr

@@ -190,7 +190,9 @@ class RunResult:
         lines = [f"{s.name}: {_count(s.ranks, 'rank', 'ranks')}, "
                  f"{_count(s.microbatches, 'microbatch', 'microbatches')}, stages {stages} "
                  f"({spec.partition_name}), batch {spec.batch_size} "
-                 f"({spec.rows_per_microbatch} rows per microbatch), {_count(spec.steps, 'step', 'steps')}",
+                 f"({spec.rows_per_microbatch} rows per microbatch), {_count(spec.steps, 'step', 'steps')}"
+                 + (", run by torch's _PipelineScheduleRuntime (no activation meter)"
+                    if spec.engine == "torch" else ""),
                  f"{'':22}{'measured':>11}{'replayed':>11}{'simulated':>11}",
                  f"{'makespan (ms)':22}" + "".join(f"{t.makespan * 1e3:11.2f}" for t in self._views()),
                  f"{'bubble fraction':22}" + "".join(f"{t.bubble_fraction():11.3f}" for t in self._views())]
