@@ -22,6 +22,7 @@ from .predict import predict  # noqa: F401
 from ..sim.compare import simulate_named
 from ..sim.costs import Costs
 from . import plots, ui
+from ..support import noise
 from ..sim.partition import METHODS, partition
 
 
@@ -222,13 +223,20 @@ def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **
         sched, kwargs = contenders[name]
         return cluster.run(sched, **kwargs)
 
-    if warmup:
-        for name in names:
-            run(name)
     runs: dict[str, list] = {name: [] for name in names}
-    for k in range(rounds):
-        for name in (names if k % 2 == 0 else names[::-1]):
-            runs[name].append(run(name))
+    total = len(names) * (rounds + bool(warmup))
+    # One line from the first second: runs done / total, elapsed, load, where the run is.
+    with noise.Progress(f"live_compare ({' vs '.join(names)})", total=total) as line:
+        if warmup:
+            for name in names:
+                line.detail(f"warm-up {name}")
+                run(name)
+                line.advance()
+        for k in range(rounds):
+            for name in (names if k % 2 == 0 else names[::-1]):
+                line.detail(f"round {k + 1}/{rounds} {name}")
+                runs[name].append(run(name))
+                line.advance()
     return LiveComparison(runs)
 
 
