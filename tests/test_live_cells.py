@@ -148,3 +148,32 @@ def test_a_progress_line_inside_a_redraw_leaves_one_output_or_none(monkeypatch):
 
     outputs, _ = ui.collect_outputs(draw)
     assert [o["output_type"] for o in outputs] == ["stream"], outputs
+
+
+# --- one rule for live pictures: the run drawn is the run whose numbers are printed ------------
+
+def _runs(pairs):
+    from types import SimpleNamespace as NS
+    from pipelab.sim.timeline import Timeline
+    return [NS(timeline=Timeline([], ranks=1, title="m"), replay=Timeline([], ranks=1),
+               _m=m, _r=r) for m, r in pairs]
+
+
+def test_the_picture_beside_a_printed_median_is_the_median_run_by_that_statistic(monkeypatch):
+    from pipelab.sim.timeline import Timeline
+    from pipelab.views.explorer import LiveComparison, median_run
+    monkeypatch.setattr(Timeline, "makespan", property(lambda self: self._span), raising=False)
+    # 05's case: the run with the median wall clock has the slowest replay
+    runs = _runs([(0.080, 0.1274), (0.070, 0.0950), (0.090, 0.0995)])
+    for run in runs:
+        run.timeline._span, run.replay._span = run._m, run._r
+    live = LiveComparison({"zb-h1": runs})
+    assert live["zb-h1"] is runs[0] and median_run(runs) is runs[0]          # by wall clock
+    assert live.pick("zb-h1", "replay") is runs[2]                           # by replay
+    assert live.medians("replay") == {"zb-h1": 0.0995}
+    drawn = live.view("zb-h1", "replay")
+    assert drawn.makespan == 0.0995 and "replayed 99.5 ms: the median of 3 rounds" in drawn.title
+    assert runs[2].replay.title == ""                                        # the run keeps its own
+    assert "zb-h1                      80.00" in live.table()            # the drawn run's figure
+    with pytest.raises(ValueError, match="view must be one of"):
+        live.pick("zb-h1", "replayed")
