@@ -146,7 +146,10 @@ def test_a_progress_line_inside_a_redraw_leaves_one_output_or_none(monkeypatch):
             line.advance()
         print("done")
 
-    outputs, _ = ui.collect_outputs(draw)
+    try:
+        outputs, _ = ui.collect_outputs(draw)
+    finally:
+        InteractiveShell.clear_instance()             # later tests run outside IPython
     assert [o["output_type"] for o in outputs] == ["stream"], outputs
 
 
