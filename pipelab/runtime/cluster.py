@@ -68,8 +68,12 @@ class LocalCluster:
             return self
         self._discard()
         began = time.perf_counter()
-        self._pool = WorkerPool(self.ranks, pin=self.pin,
-                                group_timeout=max(600.0, 2 * self.timeout))
+        with noise.StatusLine(delay=0.0) as line:     # seconds of silence otherwise
+            if line.enabled:
+                line.update(f"starting {self.ranks} worker processes (each imports torch) · "
+                            f"load {noise.load_average():.1f}")
+            self._pool = WorkerPool(self.ranks, pin=self.pin,
+                                    group_timeout=max(600.0, 2 * self.timeout))
         self.start_time = time.perf_counter() - began
         self.starts += 1
         return self
