@@ -66,6 +66,22 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def make_lab_command(port: int, extra: list[str], notebooks: Path) -> list[str]:
+    """The command `make lab` runs (read with `make -n`: its own flags and environment), on
+    `port` with `extra` flags, serving `notebooks` (a copy) instead of the repository's."""
+    import shlex
+    dry = subprocess.run(["make", "-n", "-s", "-C", str(REPO), "lab", f"PORT={port}",
+                          "LAB_ARGS=" + " ".join(extra)], capture_output=True, text=True,
+                         check=True).stdout.replace("\\\n", " ")
+    line = next(x for x in dry.splitlines() if "jupyter lab" in x)
+    words = shlex.split(line)
+    assert not any(w.startswith(("OMP_", "MKL_")) or "=" in w and w.split("=")[0].isupper()
+                   for w in words), f"`make lab` sets an environment variable: {line}"
+    words[0] = str(REPO / words[0]) if not os.path.isabs(words[0]) else words[0]
+    return [f"--ServerApp.root_dir={notebooks}" if w.startswith("--ServerApp.root_dir=") else w
+            for w in words]
+
+
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
     root = tmp_path_factory.mktemp("lab")
@@ -76,17 +92,15 @@ def lab(tmp_path_factory):
     settings.mkdir(parents=True)
     (settings / "notification.jupyterlab-settings").write_text(json.dumps(NOTIFICATION_SETTINGS))
     token, port = secrets.token_hex(16), _free_port()
-    env = dict(os.environ, PIPELAB_CI="1",
-               # one torch thread in the kernel: chromium needs the other core
-               OMP_NUM_THREADS="1",
+    # The learner's environment: no OMP_NUM_THREADS (the library holds the kernel's torch threads
+    # while workers run; a test that set it would not see a learner's slow live cells).
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+    env.update(PIPELAB_CI="1",                 # smaller workloads, as in every CI run
                JUPYTERLAB_SETTINGS_DIR=str(root / "settings"),
                JUPYTERLAB_WORKSPACES_DIR=str(root / "workspaces"),
                JUPYTER_RUNTIME_DIR=str(root / "runtime"))
-    command = [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip", "127.0.0.1",
-               f"--port={port}", "--ServerApp.port_retries=0", f"--ServerApp.token={token}",
-               f"--ServerApp.root_dir={notebooks}"]
-    if os.getuid() == 0:
-        command.append("--allow-root")
+    command = make_lab_command(port, ["--no-browser", "--ServerApp.port_retries=0",
+                                      f"--ServerApp.token={token}"], notebooks)
     log_path = root / "server.log"
     with open(log_path, "w") as log:
         # its own process group, so the kernels it started go down with it
@@ -416,3 +430,78 @@ def _check_later_chapter(lab, page) -> None:
     assert len(text_lines) > 1 and _rendered_lines(refusal) == len(text_lines), \
         (text_lines, _rendered_lines(refusal))
     _screenshot(page, "later-refusal")
+
+
+# --- a learner's live cell and an explorer: 05's live comparison, busy sign, figure width -------
+
+BUSY_WATCH = """() => {
+  window.__busyAt = null; window.__pressAt = null;
+  document.addEventListener('keydown', () => { if (window.__pressAt === null)
+      window.__pressAt = performance.now(); }, true);
+  new MutationObserver(() => {
+    if (window.__busyAt === null && window.__pressAt !== null &&
+        (document.querySelector('.pipelab-busy') ||
+         document.body.innerText.includes('⏳ working…')))
+      window.__busyAt = performance.now();
+  }).observe(document.body, {subtree: true, childList: true, attributes: true,
+                             characterData: true});
+}"""
+
+
+def _live_cells() -> list[str]:
+    """Notebook 05 up to its live comparison (the cell that calls live_compare), then its
+    zero-bubble explorer."""
+    import nbformat
+    nb = nbformat.read(REPO / "notebooks" / "05_zero_bubble.ipynb", as_version=4)
+    code = [c.source for c in nb.cells if c.cell_type == "code"]
+    live = next(i for i, src in enumerate(code) if "live_compare(" in src)
+    explorer = next(src for src in code if "zero_bubble_explorer(" in src)
+    before = [src for src in code[:live] if "zero_bubble_explorer(" not in src]   # one explorer
+    return ["import time; began = time.perf_counter()", *before,
+            "live_began = time.perf_counter()\n" + code[live]
+            + "\nprint(f'live cell took {time.perf_counter() - live_began:.1f} s')",
+            "cluster.close()", explorer]
+
+
+@pytest.mark.timeout(600)
+def test_live_cell_progress_and_explorer_busy_sign_in_browser(lab, page):
+    _checked(_check_live_cell_and_busy_sign, lab, page, "live")
+
+
+def _check_live_cell_and_busy_sign(lab, page) -> None:
+    from playwright.sync_api import expect
+
+    _run_beside_file_browser(lab, page, "live_05.ipynb", _live_cells())
+    # a progress line from the first second of the live cell
+    expect(page.get_by_text(re.compile(r"live_compare \(1f1b vs zb-h1\): \d+/16 runs"))
+           ).to_have_count(1, timeout=240_000)
+    took = page.get_by_text(re.compile(r"live cell took [\d.]+ s"))
+    expect(took).to_have_count(1, timeout=400_000)
+    seconds = float(re.search(r"took ([\d.]+) s", took.inner_text()).group(1))
+    print(f"05's live cell in the browser: {seconds:.1f} s at load {os.getloadavg()[0]:.1f}")
+    expect(page.get_by_text(re.compile(r"live_compare \(1f1b vs zb-h1\)"))).to_have_count(0)
+    # the explorer: one slider move shows the busy sign within 0.3 s, then the new picture
+    slider = page.locator(".widget-slider", has_text="microbatches m").last
+    slider.scroll_into_view_if_needed()
+    expect(page.get_by_text("simulated: zb-h1 makespan").last).to_be_visible(timeout=120_000)
+    page.evaluate(BUSY_WATCH)
+    handle = slider.locator(".noUi-handle")
+    handle.focus()
+    moved = time.perf_counter()
+    handle.press("ArrowRight")
+    expect(page.locator(".widget-readout", has_text=re.compile(r"^9$"))).to_have_count(1)
+    page.wait_for_function("window.__busyAt !== null", timeout=30_000)
+    latency = page.evaluate("window.__busyAt - window.__pressAt") / 1000
+    expect(page.locator(".pipelab-busy")).to_have_count(0, timeout=60_000)
+    redraw = time.perf_counter() - moved
+    print(f"busy sign {latency * 1000:.0f} ms after the key press; redrawn in {redraw:.2f} s")
+    # the page's own sign (ui.FRONT_SIGN): the kernel's alone took 1.75 s at load 12-17
+    assert latency <= 0.3, f"the busy sign came {latency:.2f} s after the slider moved"
+    # the explorer's picture fits the output area: not shrunk, so its text keeps its size
+    sizes = page.evaluate("""() => [...document.querySelectorAll('.jp-OutputArea-output img')]
+        .filter(i => i.naturalWidth > 300).map(i => [i.naturalWidth,
+        i.closest('.jp-OutputArea').clientWidth])""")
+    assert sizes, "no figure found"
+    for natural, area in sizes:
+        assert natural <= area, f"a {natural}-px figure in a {area}-px output area is shrunk"
+    _screenshot(page, "live-05-explorer")

@@ -282,7 +282,7 @@ def test_player_renders_at_display_size_and_plays_by_steps():
     box = pl.explorer.player(long, memory=False)
     width, _height = struct.unpack(">II", box.image.value[16:24])     # the PNG header
     assert width == DISPLAY_WIDTH and box.image.layout.width == f"{DISPLAY_WIDTH}px"
-    assert len(box.frames) > 300 and box.play.step > 1
+    assert len(box.frames) == 121 and box.play.step == 1          # capped: every frame is played
     played = (box.play.max - box.play.min) / box.play.step * box.play.interval / 1000
     assert 10 <= played <= 20
 
@@ -350,3 +350,44 @@ def test_a_unit_timeline_beside_a_measured_one_keeps_its_own_axis(first_in_secon
     spans = {tl.time_unit: box.gantt_axes[i].get_xlim()[1] for i, tl in enumerate(pair)}
     assert spans["s"] == pytest.approx(seconds.makespan * 1e3)          # drawn in ms
     assert spans[units.time_unit] == pytest.approx(units.makespan)
+
+
+def test_every_player_can_show_t0_and_plays_every_frame():
+    import pipelab as pl
+    big = pl.simulate(pl.schedule("1f1b", ranks=8, microbatches=32), pl.Costs())
+    box = pl.explorer.player(big)
+    assert len(box.frames) <= 121 and box.frames[0] == 0.0        # 399 frames before
+    assert box.play.min == 0 and box.play.step == 1               # Play kept the slider off 0
+    box.slider.value = 5
+    box.slider.value = 0
+    assert box.slider.value == 0 and "<b>t = 0 " in box.time_label.value
+
+
+def test_messages_in_flight_at_t0_are_explained():
+    import pipelab as pl
+    from pipelab.views.player import flight_note, messages_in_flight
+    v2 = pl.simulate(pl.schedule("vocab-2", ranks=4, microbatches=8), pl.Costs(F=1, I=1, W=1))
+    flying = messages_in_flight(v2, 0.0)
+    assert flying and all(m.producer.duration == 0 for m in flying)   # free vocabulary passes
+    note = flight_note(flying, 0.0)
+    assert note.startswith(f"{len(flying)} message(s) in flight ({len(flying)} sent by passes "
+                           "that cost nothing here (") and "at t = 0, waiting" in note
+    ofob = pl.simulate(pl.schedule("1f1b", ranks=4, microbatches=8), pl.Costs())
+    assert messages_in_flight(ofob, 0.0) == [] and flight_note([], 0.0) == "no message in flight"
+
+
+def test_pause_draws_the_slider_s_frame_at_once_and_play_is_paced_by_the_draw_cost():
+    import pipelab as pl
+    box = pl.explorer.player(pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=4),
+                                         pl.Costs()))
+    import time
+    drawn = []
+    box.throttle.draw = lambda: (drawn.append(box.slider.value), time.sleep(0.4))
+    box.play.playing = True
+    box.slider.value = 3                          # a draw takes 0.4 s at this load
+    assert box.play.interval >= 600               # the front end waits for the kernel
+    box.slider.value = 4
+    box.throttle.pending = type("Deferred", (), {"cancel": lambda self: drawn.append("x")})()
+    box.play.playing = False                      # Pause: the queued draw dropped, this one now
+    assert drawn[-2:] == ["x", 4] and box.throttle.pending is None
+    assert box.play.interval == box.base_interval

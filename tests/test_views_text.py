@@ -138,15 +138,16 @@ def test_labels_shorten_on_a_narrow_figure_and_come_back_on_a_wide_one():
 
 
 def test_a_two_digit_microbatch_too_wide_at_the_chart_size_is_drawn_smaller_not_dropped():
-    # 16 microbatches of GPipe on 2 ranks at 4 inches: the boxes are ~0.2 inch wide, too narrow
-    # for "10" at the chart's font size but not a size smaller.
+    # 16 microbatches of GPipe on 2 ranks at 4.5 inches: the boxes are too narrow for "10" at
+    # the chart's font size but not a size smaller (never below 8 px: at 4 inches they vanish).
     tl = pl.simulate(pl.schedule("gpipe", ranks=2, microbatches=16), pl.Costs())
     fig = pl.plots.compare([tl], titles=["gpipe"])
-    fig.set_size_inches(4, fig.get_figheight())
+    fig.set_size_inches(4.5, fig.get_figheight())
     drawn = _drawn_labels(fig)
     two_digits = [label for *_, label, _, _ in drawn if label.shown in {"10", "11", "12", "15"}]
     assert two_digits, "two-digit microbatches keep their label"
     assert all(label.get_fontsize() < label.base_size for label in two_digits)
+    assert all(label.get_fontsize() * fig.dpi / 72 >= 8 - 1e-9 for label in two_digits)
     for _, event, _, text, box in drawn:
         assert box.x0 <= text.x0 and text.x1 <= box.x1, event
     plt.close(fig)

@@ -26,6 +26,7 @@ from .spec import check_timeout, prepare_run
 from .meshwatch import diagnose_mesh
 from .watchdog import diagnose, is_stopped, stalled
 from ..support import noise     # read at call time: a test can stand in for the load reading
+from ..support.threads import one_thread
 
 _LIVE: "weakref.WeakSet[LocalCluster]" = weakref.WeakSet()
 DEATH_GRACE = 0.5      # seconds to let a killed worker's exit show before blaming a survivor
@@ -67,8 +68,12 @@ class LocalCluster:
             return self
         self._discard()
         began = time.perf_counter()
-        self._pool = WorkerPool(self.ranks, pin=self.pin,
-                                group_timeout=max(600.0, 2 * self.timeout))
+        with noise.StatusLine(delay=0.0) as line:     # seconds of silence otherwise
+            if line.enabled:
+                line.update(f"starting {self.ranks} worker processes (each imports torch) · "
+                            f"load {noise.load_average():.1f}")
+            self._pool = WorkerPool(self.ranks, pin=self.pin,
+                                    group_timeout=max(600.0, 2 * self.timeout))
         self.start_time = time.perf_counter() - began
         self.starts += 1
         return self
@@ -113,6 +118,10 @@ class LocalCluster:
                 f"cores={self.cores}, timeout={self.timeout:g})")
 
     # --- runs -----------------------------------------------------------------------------------
+    # While workers run (and while the parent checks their gradients) the parent keeps one torch
+    # thread: a second one competes with them for the cores (05's live cell took 2.3x as long in
+    # a kernel left at torch's default). Restored after, for the kernel's own computations.
+    @one_thread()
     def run(self, schedule, model=None, partition=None, *, seed: int = 0,
             batch_size: int | None = None, steps: int = 1, lr: float = 3e-3,
             timeout: float | None = None, check: bool = True, progress: bool = True,
@@ -176,6 +185,7 @@ class LocalCluster:
             raise
         return assemble(spec, reports, wall_time=time.perf_counter() - began)
 
+    @one_thread()                     # as in `run`: the workers get the cores
     def call(self, target, *args, timeout: float | None = None, **kwargs) -> CallResults:
         """Run `target(*args, **kwargs)` on every worker; return the results in rank order (a
         list, `CallResults`, whose `load_line` and repr give the load the call ran at).
@@ -211,15 +221,17 @@ class LocalCluster:
         if progress and spec.steps > 1:
             from tqdm.auto import tqdm   # here, not at import: workers never need IPython
             bar = tqdm(total=spec.steps, desc=f"{spec.schedule.name} steps", leave=False)
-        # One step: a transient line saying where the ranks are (only where someone watches).
-        line = noise.StatusLine(enabled=None if progress and bar is None else False)
+        # A transient line from the first second saying where the ranks are (only where someone
+        # watches); inside live_compare or paired_rounds it is shown after their count.
+        line = noise.Progress(spec.schedule.name, enabled=None if progress and bar is None
+                              else False).open()
         load_before = noise.load_average()
         plan = None
         reports: dict[int, dict] = {}
         try:
             while len(reports) < self.ranks:
                 if line.enabled:
-                    line.update(_status(spec, pool.board.read(), reports, line.elapsed))
+                    line.detail(_actions(spec, pool.board.read(), reports))
                 waiting = [r for r in range(self.ranks) if r not in reports]
                 for rank, message in pool.receive(waiting, timeout=POLL):
                     kind = message[0]
@@ -295,6 +307,12 @@ class LocalCluster:
 def _status(spec, states, reports: dict, elapsed: float) -> str:
     """"1f1b: actions 5/16 9/16 done done · 1.2 s · load 2.3": each rank's progress through its
     actions of the current step (or "done"), the time waited and the machine's load."""
+    return (f"{spec.schedule.name}: {_actions(spec, states, reports)} · {elapsed:.1f} s · "
+            f"load {noise.load_average():.1f}")
+
+
+def _actions(spec, states, reports: dict) -> str:
+    """"actions 5/16 9/16 done (step 2/3)": each rank's progress through its current step."""
     where = []
     for rank, state in enumerate(states):
         if rank in reports or state.state == DONE:
@@ -304,8 +322,7 @@ def _status(spec, states, reports: dict, elapsed: float) -> str:
             where.append(f"{min(state.position, total)}/{total}")
     step = max((s.step for s in states), default=0) + 1
     steps = f" (step {step}/{spec.steps})" if spec.steps > 1 else ""
-    return (f"{spec.schedule.name}: actions {' '.join(where)}{steps} · {elapsed:.1f} s · "
-            f"load {noise.load_average():.1f}")
+    return f"actions {' '.join(where)}{steps}"
 
 
 def _reap(pool: WorkerPool, grace: float) -> None:

@@ -111,6 +111,101 @@ class StatusLine:
         self.close()
 
 
+# The progress lines open now, innermost last: a run inside a comparison reports to its line.
+_OPEN: list["Progress"] = []
+
+
+class Progress:
+    """A live cell's progress line, shown from its first second and rewritten in place:
+    "live_compare: 5/16 runs · 3.2 s · load 2.1 · 1f1b: actions 3/8 5/8".
+
+    `label`: what is running; `total`: how many `unit`s (runs, rounds) it takes (None: no count).
+    `advance()` counts one done; `detail(text)` says where the current one is. Opened inside
+    another Progress (a run inside `live_compare` or `paired_rounds`), it writes no line of its
+    own: its text is shown after the outer line's, so a cell has one line, counted from the
+    outermost. Shown only where someone watches (`watched()`; `enabled` overrides) and erased
+    at the end. Use as a context manager."""
+
+    def __init__(self, label: str, total: int | None = None, unit: str = "runs",
+                 enabled: bool | None = None, stream=None):
+        self.label, self.total, self.unit = label, total, unit
+        self.done = 0
+        self._detail = self._inner = ""
+        self._quiet = enabled is False
+        self.outer: Progress | None = None
+        self.line: StatusLine | None = None
+        self._enabled, self._stream = enabled, stream
+        self._began = time.perf_counter()
+
+    @property
+    def enabled(self) -> bool:
+        if self._quiet:
+            return False
+        if self.outer is not None:
+            return self.outer.enabled
+        return self.line.enabled if self.line is not None else False
+
+    @property
+    def elapsed(self) -> float:
+        return time.perf_counter() - self._began
+
+    def text(self, timed: bool = True) -> str:
+        """The line: label, count, (elapsed and load,) where the current unit is."""
+        parts = [self.label + (f": {self.done}/{self.total} {self.unit}"
+                               if self.total is not None else "")]
+        if timed:
+            parts += [f"{self.elapsed:.1f} s", f"load {load_average():.1f}"]
+        parts += [p for p in (self._detail, self._inner) if p]
+        return " · ".join(parts)
+
+    def update(self, force: bool = False) -> None:
+        if not self.enabled:
+            return
+        if self.outer is not None:
+            self.outer._nested(self.text(timed=False), force)
+        else:
+            self.line.update(self.text(), force=force)
+
+    def detail(self, text: str, force: bool = False) -> None:
+        """Say where the current unit is (a rank's actions, which side of a round runs)."""
+        self._detail = text
+        self.update(force)
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
+        self.update(force=True)
+
+    def _nested(self, text: str, force: bool) -> None:
+        self._inner = text
+        self.update(force)
+
+    def open(self) -> "Progress":
+        """Show the line (or join the outer one); `close()` ends it."""
+        self.outer = _OPEN[-1] if _OPEN else None
+        if self.outer is None:
+            self.line = StatusLine(enabled=None if self._enabled is None else self._enabled,
+                                   delay=0.0, every=0.25, stream=self._stream)
+        self._began = time.perf_counter()
+        _OPEN.append(self)
+        self.update(force=True)            # from the first second, however short the run
+        return self
+
+    def close(self) -> None:
+        if self in _OPEN:
+            _OPEN.remove(self)
+        if self.outer is not None:
+            if not self._quiet:
+                self.outer._nested("", False)
+        elif self.line is not None:
+            self.line.close()
+
+    def __enter__(self) -> "Progress":
+        return self.open()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
 def _interval(values: Sequence[float]) -> tuple[float, float]:
     """The range the rounds span: every round counts below 7 rounds; from 7 on, the extreme round
     on each side is dropped (one burst of load must not decide the verdict). Dropping them from 5
@@ -209,22 +304,28 @@ def paired_rounds(a: Callable[[], float], b: Callable[[], float], rounds: int = 
     """Time A and B `rounds` times each, alternating which goes first, and judge B / A.
 
     `a` and `b` run one measurement each and return its time (smaller is faster). With
-    `progress`, a status line on stderr says which round is running (where someone watches:
-    a terminal or a notebook, `watched()`)."""
+    `progress`, a line (`Progress`) says from the first second how many rounds are done, the
+    time, the load and which side runs (where someone watches: a terminal or a notebook)."""
     if not isinstance(rounds, int) or rounds < 1:
         raise ValueError(f"rounds must be a positive integer, got {rounds!r}")
     before = load_average()
     xs, ys = [], []
-    with StatusLine(enabled=None if progress else False, delay=0.0, every=0.0) as line:
+    with Progress(f"{labels[0]} vs {labels[1]}", total=rounds, unit="rounds",
+                  enabled=None if progress else False) as line:
         for i in range(rounds):
-            line.update(f"{labels[0]} vs {labels[1]}: round {i + 1}/{rounds} "
-                        f"(load {load_average():.1f})")
             if i % 2 == 0:
-                x = a()
-                y = b()
+                x = _side(line, labels[0], a)
+                y = _side(line, labels[1], b)
             else:
-                y = b()
-                x = a()
+                y = _side(line, labels[1], b)
+                x = _side(line, labels[0], a)
             xs.append(x)
             ys.append(y)
+            line.advance()
     return verdict(xs, ys, labels, margin, (before, load_average()))
+
+
+def _side(line: Progress, label: str, measure: Callable[[], float]) -> float:
+    """One side of a round, named on the progress line while it runs."""
+    line.detail(label, force=True)
+    return measure()

@@ -22,6 +22,7 @@ from .predict import predict  # noqa: F401
 from ..sim.compare import simulate_named
 from ..sim.costs import Costs
 from . import plots, ui
+from ..support import noise
 from ..sim.partition import METHODS, partition
 
 
@@ -153,14 +154,51 @@ def schedule_explorer(names: Sequence[str] = ("gpipe", "1f1b"), ranks: int = 4,
     return box
 
 
-def median_run(runs: Sequence):
-    """The run whose measured makespan is the median (the lower middle one for an even count)."""
-    ordered = sorted(runs, key=lambda r: r.timeline.makespan)
+VIEWS = ("timeline", "replay", "simulated")     # measured, replayed, simulated from fitted costs
+
+
+def median_run(runs: Sequence, view: str = "timeline"):
+    """The run whose `view` makespan is the median of the runs' (the lower middle one for an
+    even count): `view` is "timeline" (measured wall clock), "replay" or "simulated". A chart
+    beside a printed median draws this run's `view`, picked by the same statistic: the run with
+    the median wall clock need not have the median replay (05 drew a ZB-H1 replay of 127 ms
+    under a table saying 99.5 ms)."""
+    if view not in VIEWS:
+        raise ValueError(f"view must be one of {', '.join(VIEWS)}, got {view!r}")
+    if not runs:
+        raise ValueError("median_run needs at least one run")
+    ordered = sorted(runs, key=lambda r: getattr(r, view).makespan)
     return ordered[(len(ordered) - 1) // 2]
 
 
 class LiveComparison(dict):
-    """name -> the median RunResult of its rounds; `.runs[name]` holds every round's result."""
+    """name -> the median RunResult of its rounds (by measured makespan); `.runs[name]` holds
+    every round's result. To draw what a table prints, pick by the printed statistic:
+    `.pick(name, "replay")` is the run whose replay is the median one, `.view(name, "replay")`
+    its replayed timeline, titled as the median of the rounds."""
+
+    def pick(self, name: str, view: str = "timeline"):
+        """The run of `name` whose `view` makespan is the median of its rounds (`median_run`)."""
+        if name not in self.runs:
+            raise ValueError(f"name must be one of {', '.join(self.runs)}, got {name!r}")
+        return median_run(self.runs[name], view)
+
+    def view(self, name: str, view: str = "timeline"):
+        """The timeline to draw beside a printed median of `view`: the median run's own, its
+        title saying which run of how many it is (a copy: the run keeps its own)."""
+        run = self.pick(name, view)
+        timeline = getattr(run, view)
+        rounds = len(self.runs[name])
+        what = {"timeline": "measured", "replay": "replayed", "simulated": "simulated"}[view]
+        note = (f"{name}, {what} {timeline.makespan * 1e3:.1f} ms: the median of {rounds} rounds"
+                if rounds % 2 else f"{name}, {what} {timeline.makespan * 1e3:.1f} ms: the lower "
+                f"middle of {rounds} rounds")
+        return _retitled(timeline, note)
+
+    def medians(self, view: str = "timeline") -> dict[str, float]:
+        """name -> the makespan (s) of `view` that `pick(name, view)` draws (for an odd number
+        of rounds, the median of the rounds)."""
+        return {name: getattr(self.pick(name, view), view).makespan for name in self.runs}
 
     def __init__(self, runs: dict):
         super().__init__({name: median_run(results) for name, results in runs.items()})
@@ -170,7 +208,8 @@ class LiveComparison(dict):
         lines = [f"{'schedule':<20}{'median (ms)':>12}{'min':>9}{'max':>9}   rounds (ms)"]
         for name, results in self.runs.items():
             times = [r.timeline.makespan * 1e3 for r in results]
-            lines.append(f"{name:<20}{statistics.median(times):12.2f}{min(times):9.2f}"
+            # median_low: the very run `self[name]` is (an even count has no middle run)
+            lines.append(f"{name:<20}{statistics.median_low(times):12.2f}{min(times):9.2f}"
                          f"{max(times):9.2f}   " + " ".join(f"{t:.1f}" for t in times))
         lines.append(self.load_line)
         return "\n".join(lines)
@@ -186,6 +225,13 @@ class LiveComparison(dict):
             return "load average not recorded"
         return (f"measured at load average {min(seen):.2f} to {max(seen):.2f} over "
                 f"{len(results)} runs on {os.cpu_count()} cores")
+
+
+def _retitled(timeline, title: str):
+    import copy
+    other = copy.copy(timeline)
+    other.title = title
+    return other
 
 
 def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **run_kwargs):
@@ -222,13 +268,20 @@ def live_compare(cluster, schedules, *, rounds: int = 3, warmup: bool = True, **
         sched, kwargs = contenders[name]
         return cluster.run(sched, **kwargs)
 
-    if warmup:
-        for name in names:
-            run(name)
     runs: dict[str, list] = {name: [] for name in names}
-    for k in range(rounds):
-        for name in (names if k % 2 == 0 else names[::-1]):
-            runs[name].append(run(name))
+    total = len(names) * (rounds + bool(warmup))
+    # One line from the first second: runs done / total, elapsed, load, where the run is.
+    with noise.Progress(f"live_compare ({' vs '.join(names)})", total=total) as line:
+        if warmup:
+            for name in names:
+                line.detail(f"warm-up {name}")
+                run(name)
+                line.advance()
+        for k in range(rounds):
+            for name in (names if k % 2 == 0 else names[::-1]):
+                line.detail(f"round {k + 1}/{rounds} {name}")
+                runs[name].append(run(name))
+                line.advance()
     return LiveComparison(runs)
 
 

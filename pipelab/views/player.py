@@ -54,6 +54,22 @@ def messages_in_flight(tl: Timeline, t: float) -> list[Message]:
     return [m for m in _index(tl)["messages"] if m.producer.end <= now < m.consumer.start]
 
 
+def flight_note(flying: Sequence[Message], t: float) -> str:
+    """"3 message(s) in flight", saying why where it would puzzle: messages from passes that
+    cost nothing (a simulation's free vocabulary passes) are sent the instant they start, at
+    t = 0 too, before any rank has run; sent messages wait until their receiver gets to them."""
+    if not flying:
+        return "no message in flight"
+    free = [m for m in flying if m.producer.end <= m.producer.start]
+    note = f"{len(flying)} message(s) in flight"
+    if free:
+        names = ", ".join(sorted({str(m.producer.action) for m in free})[:3])
+        note += (f" ({len(free)} sent by passes that cost nothing here ({names}"
+                 f"{', …' if len(free) > 3 else ''}), sent as they start, "
+                 f"{'at t = 0, ' if t <= 0 else ''}waiting for their receivers)")
+    return note
+
+
 # A deep queue (a fast rank sending to a slow one) puts dozens of messages in flight on one
 # link at once: drawn, they fan out into a black wedge over the boxes. The player draws the ones
 # to be received next on each link and says how many more wait behind them.
@@ -156,7 +172,12 @@ def _index(tl: Timeline) -> dict:
     return index
 
 
-def frame_times(timelines: Sequence[Timeline], limit: int = 400) -> list[float]:
+# Frames a play-through shows one by one (PLAY_SECONDS / MIN_INTERVAL): with more, Play had
+# to step over frames and start after t = 0 (and 399-frame sliders moved a hair per key press).
+MAX_FRAMES = 121
+
+
+def frame_times(timelines: Sequence[Timeline], limit: int = MAX_FRAMES) -> list[float]:
     """The instants worth showing: every start and end, and the middle between two of them,
     on the first timeline's clock (at most `limit`, evenly thinned)."""
     points = {0.0}
@@ -306,9 +327,11 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
     box.colours = [{e: bar.get_facecolor() for e, bar in ax.pipelab_bars.items()}
                    for _, ax in sorted(box.gantt_axes.items())]
 
-    first, step, interval = playback(len(box.frames))
-    box.play = w.Play(value=0, min=first, max=len(box.frames) - 1, step=step, interval=interval,
+    _, step, interval = playback(len(box.frames))
+    # min 0: jslinked to the slider, a Play whose min was above 0 pulled the slider off t = 0
+    box.play = w.Play(value=0, min=0, max=len(box.frames) - 1, step=step, interval=interval,
                       description="play", layout=w.Layout(width="120px"))
+    box.base_interval = interval
     # Beside the play button the label is short, so the track gets the width.
     box.slider = w.IntSlider(value=0, min=0, max=len(box.frames) - 1, description="time",
                              readout=False, continuous_update=True,
@@ -331,9 +354,17 @@ def _setup(box, timelines, *, memory, phases, critical_path, messages, headings)
 
     def on_frame(_change) -> None:
         box.throttle.request()
+        if box.play.playing:
+            _pace(box)
+
+    def on_playing(change) -> None:
+        if not change["new"]:          # Pause: drop what is queued, show where the slider is now
+            box.throttle.flush()
+            box.play.interval = box.base_interval
 
     box.show = show
     box.slider.observe(on_frame, names="value")
+    box.play.observe(on_playing, names="playing")
     box.children = [w.HBox([box.play, box.slider, box.time_label]), box.image, box.status]
     show(box.frames[0])
 
@@ -349,6 +380,14 @@ class Throttle:
         self.draw, self.gap = draw, gap
         self.pending = None
         self.last_end = float("-inf")
+        self.cost = 0.0                 # seconds the last draw took
+
+    def flush(self) -> None:
+        """Cancel a deferred draw and draw the newest state now."""
+        if self.pending is not None:
+            self.pending.cancel()
+            self.pending = None
+        self._run()
 
     def request(self) -> None:
         import asyncio
@@ -370,10 +409,21 @@ class Throttle:
         self._run()
 
     def _run(self) -> None:
+        began = time.perf_counter()
         try:
             self.draw()
         finally:
             self.last_end = time.perf_counter()
+            self.cost = self.last_end - began
+
+
+def _pace(box) -> None:
+    """While playing, space the Play button's frames by what a draw costs here (with room): the
+    front end never runs ahead of the kernel, so Pause stops the picture at once instead of
+    after a queue of frames (0.4–3.7 s at load 8–20)."""
+    wanted = max(box.base_interval, min(round(1500 * box.throttle.cost), 3000))
+    if abs(wanted - box.play.interval) > 0.2 * box.play.interval:
+        box.play.interval = wanted
 
 
 def _draw_frame(box, t: float) -> None:
@@ -397,7 +447,7 @@ def _draw_frame(box, t: float) -> None:
                                         for r in range(tl.ranks)])
         heading = box.headings[i] or "pipeline"
         name = html.escape(heading if tl.source in heading else f"{heading} ({tl.source})")
-        text.append(f"<b>{name}</b>: {len(flying)} message(s) in flight")
+        text.append(f"<b>{name}</b>: {flight_note(flying, local)}")
         text += [html.escape(line) for line in status(tl, local)]
     for i, cursor in box.cursors:
         scale = plots._time_scale(box.timelines[i])[0]

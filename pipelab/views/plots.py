@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from ..schedules.kinds import KIND_SPECS, ROLES, side_lanes
-from .plots_fit import (MARGINS, figure_axes as _axes, fitted_label_class,  # noqa: F401
+from .plots_fit import (FIGURE_WIDTH, MARGINS, figure_axes as _axes, fitted_label_class,  # noqa: F401
                         legend_covers, place_legend)
 from ..support.drawers import register_drawer
 
@@ -90,7 +90,7 @@ def plot_gantt(timeline, ax=None, title: str | None = None, xmax: float | None =
     (event -> artist) for the player.
     """
     from matplotlib.patches import Patch, Rectangle
-    ax = _axes(ax, figsize=(10, 0.9 + 0.45 * timeline.ranks))
+    ax = _axes(ax, figsize=(FIGURE_WIDTH, 0.9 + 0.45 * timeline.ranks))
     scale, unit = _time_scale(timeline)
     t0 = timeline.start
     span = (timeline.makespan or 1.0) * scale
@@ -216,7 +216,7 @@ def plot_memory(timeline, ax=None, title: str | None = None, xmax: float | None 
     `unit_bytes` (bytes of one microbatch-stage of activations: one number, or {rank: bytes})
     gives each rank's peak in both units in the legend, e.g. "rank 0: peak 8.0 units = 36.1 MiB".
     """
-    ax = _axes(ax, figsize=(10, 3))
+    ax = _axes(ax, figsize=(FIGURE_WIDTH, 3))
     scale, unit = _time_scale(timeline)
     t0 = timeline.start
     span = (timeline.makespan or 1.0) * scale
@@ -291,7 +291,7 @@ def compare(timelines: Sequence, titles: Sequence[str] | None = None, memory: bo
             rows.append(("memory", i, 2.0))
     heights = [h for _, _, h in rows]
     extra = 0.9 * len(rows) + (0.2 * len(timelines) if critical_path else 0.0)
-    fig, axes = plt.subplots(len(rows), 1, figsize=(10, sum(heights) + extra + 0.3),
+    fig, axes = plt.subplots(len(rows), 1, figsize=(FIGURE_WIDTH, sum(heights) + extra + 0.3),
                              squeeze=False, gridspec_kw={"height_ratios": heights})
     same_unit = len({t.time_unit for t in timelines}) == 1
     share_x = same_unit if share == "auto" else bool(share)

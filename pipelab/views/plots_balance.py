@@ -2,7 +2,7 @@
 and per-layer costs. Re-exported by `pipelab.views.plots`."""
 from __future__ import annotations
 
-from .plots_fit import figure_axes, place_legend
+from .plots_fit import FIGURE_WIDTH, figure_axes, place_legend
 from ..model.gpt import layer_costs
 
 
@@ -35,15 +35,18 @@ def plot_balance(parts, ax=None, title: str | None = None):
     return ax
 
 
-def plot_partitions(parts, note: str = "", cols: int = 2, panel_size=(7.0, 3.25)):
+def plot_partitions(parts, note: str = "", cols: int = 2, panel_size=None):
     """Several partitions' balance charts side by side on one y-scale: `parts` maps a label
-    to a Partition; each panel is titled "label: layout  (note)". Returns the figure."""
+    to a Partition; each panel is titled "label: layout  (note)". Returns the figure, as wide
+    as the notebook (panel_size: (width, height) inches of a panel; default: the width shared)."""
     import matplotlib.pyplot as plt
     items = list(parts.items())
     if not items:
         raise ValueError("plot_partitions needs at least one partition")
     cols = min(cols, len(items))
     rows = -(-len(items) // cols)
+    if panel_size is None:     # 14 in (1,400 px) was shrunk to 968 px: its text to 6-7 px
+        panel_size = (FIGURE_WIDTH / cols, 3.25)
     fig, axes = plt.subplots(rows, cols, figsize=(panel_size[0] * cols, panel_size[1] * rows),
                              sharey=True, squeeze=False)
     suffix = f"  ({note})" if note else ""

@@ -10,8 +10,15 @@ import functools
 # time axis at the same place: a Gantt chart and a memory plot drawn one under the other align.
 MARGINS = dict(left=0.1, right=0.83)
 
+# JupyterLab's output area is about 968 px wide (file browser open, 100% zoom): a wider picture
+# is shrunk to fit, and its text with it (14's 1190-px chart showed 6-px labels). At the inline
+# backend's 100 dpi, FIGURE_WIDTH inches fit; no text is drawn smaller than MIN_TEXT_PX.
+NOTEBOOK_WIDTH_PX = 968
+FIGURE_WIDTH = 9.6
+MIN_TEXT_PX = 8.0
 
-def figure_axes(ax, figsize=(10, 3)):
+
+def figure_axes(ax, figsize=(FIGURE_WIDTH, 3)):
     """`ax`, or the axes of a new figure of `figsize` with the timeline figures' margins."""
     import matplotlib.pyplot as plt
     if ax is None:
@@ -55,7 +62,8 @@ def fitted_label_class():
             # The candidates at the chart's font size, then the shortest one a size smaller:
             # two-digit microbatches ("10") in narrow boxes stay readable instead of vanishing.
             tries = [(text, self.base_size) for text in self.candidates]
-            tries.append((self.candidates[-1], self.base_size * self.SMALLER))
+            floor = MIN_TEXT_PX * 72 / renderer.dpi        # never below 8 px on the page
+            tries.append((self.candidates[-1], max(self.base_size * self.SMALLER, floor)))
             for text, size in tries:
                 self.set_fontsize(size)
                 width, height = self._size(text, renderer)
@@ -67,6 +75,12 @@ def fitted_label_class():
                 return
             if self.get_text() != self.shown:
                 self.set_text(self.shown)
+            if box.get_hatch():
+                # a halo in the box's own colour: the white hatching never runs through
+                # the digits ("10" on a hatched chunk box read as a smudge)
+                from matplotlib import patheffects
+                self.set_path_effects([patheffects.withStroke(
+                    linewidth=2.2, foreground=box.get_facecolor())])
             super().draw(renderer)
 
         _sizes: dict = {}      # (text, font, dpi) -> (width, height) in pixels: a chart

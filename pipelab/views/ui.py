@@ -50,6 +50,9 @@ def interact(function, **controls):
     `function`, with the widget as `function.widget` (as ipywidgets does)."""
     from IPython.display import display
     widget = _interactive_class()(function, **controls)
+    for control_widget in widget.kwargs_widgets:
+        control_widget.add_class(CONTROL_CLASS)
+    front_busy_sign()
     display(widget)
     try:
         function.widget = widget
@@ -115,8 +118,16 @@ def _publisher(outputs: list):
 
     class Collect(DisplayPublisher):
         def publish(self, data, metadata=None, source=None, *, transient=None, update=False):
-            outputs.append({"output_type": "display_data", "data": _jsonable(data),
-                            "metadata": metadata or {}})
+            shown = {"output_type": "display_data", "data": _jsonable(data),
+                     "metadata": metadata or {}}
+            key = (transient or {}).get("display_id")
+            if key is not None:       # a display updated in place (a progress line): kept once
+                shown["transient"] = {"display_id": key}
+                at = [k for k, o in enumerate(outputs) if o.get("transient") == shown["transient"]]
+                if at:
+                    outputs[at[0]] = shown
+                    return
+            outputs.append(shown)
 
         def clear_output(self, wait=False):
             outputs.clear()
@@ -156,6 +167,9 @@ def collect_outputs(function, *args, **kwargs) -> tuple[list[dict], object]:
         finally:
             if shell is not None:
                 shell.display_pub = saved_pub
+    # a progress line erased at its end leaves nothing behind; the others keep their last text
+    outputs = [{k: v for k, v in o.items() if k != "transient"} for o in outputs
+               if "transient" not in o or o["data"].get("text/html", None) != ""]
     return outputs, result
 
 
@@ -179,11 +193,87 @@ def text_of(out) -> str:
     return "".join(o.get("text", "") for o in out.outputs if o.get("output_type") == "stream")
 
 
+# --- the busy sign ----------------------------------------------------------------------------
+#
+# A redraw can take seconds on a busy machine (09b's race: 3 s at load 8): without a sign the
+# old picture looks like the answer. The sign is sent before the redraw starts (the kernel runs
+# one thing at a time: once drawing, it cannot say anything until done): the output gets the CSS
+# class BUSY_CLASS and a first line "⏳ working… (p = 5)" above the old picture, both replaced by
+# the new outputs.
+
+BUSY_CLASS = "pipelab-busy"
+BUSY_TEXT = "⏳ working…"
+
+
+def _moved(change) -> str:
+    """"ranks p = 5" for a control's change (what the learner just did), "" for none."""
+    if not isinstance(change, dict) or "owner" not in change:
+        return ""
+    label = getattr(change["owner"], "description", "") or "value"
+    return f"{label} = {change.get('new')!r}".replace("'", "")
+
+
+def show_busy(out, change=None) -> None:
+    """Mark the Output widget `out` busy at once: BUSY_CLASS and a "⏳ working…" line above
+    what it shows (the next `render` replaces both)."""
+    moved = _moved(change)
+    sign = {"output_type": "stream", "name": "stdout",
+            "text": f"{BUSY_TEXT} redrawing{' for ' + moved if moved else ''}\n"}
+    kept = tuple(o for o in out.outputs if not str(o.get("text", "")).startswith(BUSY_TEXT))
+    out.add_class(BUSY_CLASS)
+    out.outputs = (sign,) + kept
+
+
+def is_busy(out) -> bool:
+    return BUSY_CLASS in out._dom_classes
+
+
+# The kernel's sign waits for the kernel: at a load of 12-17 on 2 cores the change message took
+# 1.7 s to reach it. This script (run once per page, where the browser runs a trusted output's
+# JavaScript, as JupyterLab does) shows the sign in the page itself the moment a control of an
+# explorer (class CONTROL_CLASS) is moved by key or pointer: on the Output beside it, until the
+# kernel's outputs replace it (or 2 s pass and nothing changed: a move that changed no value).
+CONTROL_CLASS = "pipelab-control"
+FRONT_SIGN = """(() => {
+  if (window.__pipelabBusy) return; window.__pipelabBusy = true;
+  const KEYS = ['ArrowLeft','ArrowRight','ArrowUp','ArrowDown','Home','End','PageUp','PageDown'];
+  function mark(target) {
+    const control = target.closest && target.closest('.%(control)s');
+    if (!control) return;
+    const box = control.parentElement;
+    const out = box && [...box.children].find(c => c.classList.contains('widget-output'));
+    if (!out || out.querySelector(':scope > .pipelab-busy-sign')) return;
+    const sign = document.createElement('div');
+    sign.className = 'pipelab-busy-sign';
+    sign.textContent = '%(text)s redrawing';
+    sign.style.cssText = 'font-family: monospace; padding: 2px 0; color: #a05a00';
+    out.classList.add('%(busy)s');
+    out.prepend(sign);
+    const done = () => { sign.remove(); observer.disconnect(); };
+    const observer = new MutationObserver(ms => {
+      if (ms.some(m => [...m.addedNodes].some(n => n !== sign))) done(); });
+    observer.observe(out, {childList: true, subtree: true});
+    setTimeout(() => { if (sign.isConnected) { done(); out.classList.remove('%(busy)s'); } }, 2000);
+  }
+  document.addEventListener('keydown', e => { if (KEYS.includes(e.key)) mark(e.target); }, true);
+  document.addEventListener('pointerup', e => mark(e.target), true);
+})();""" % {"control": CONTROL_CLASS, "text": BUSY_TEXT, "busy": BUSY_CLASS}
+
+
+def front_busy_sign() -> None:
+    """Display the page's own busy sign (FRONT_SIGN) once per kernel: an explorer calls it."""
+    from IPython.display import Javascript, display
+    if _shell() is not None:
+        display(Javascript(FRONT_SIGN))
+
+
 def render(out, function, *args, **kwargs):
     """Replace the Output widget `out`'s content with what `function(*args, **kwargs)` outputs;
     return its result."""
     outputs, result = collect_outputs(function, *args, **kwargs)
     out.outputs = tuple(outputs)
+    if is_busy(out):
+        out.remove_class(BUSY_CLASS)
     return result
 
 
@@ -193,12 +283,16 @@ def interactive_output(function, controls: dict):
     import ipywidgets as w
     out = w.Output()
 
-    def redraw(_change=None) -> None:
+    def redraw(change=None) -> None:
+        if change is not None:
+            show_busy(out, change)        # before the redraw: it may take seconds
         _flush_inline_figures()           # figures of the cell itself go to the cell, not here
         render(out, function, **{name: c.value for name, c in controls.items()})
 
     for control_widget in controls.values():
         control_widget.observe(redraw, names="value")
+        control_widget.add_class(CONTROL_CLASS)
+    front_busy_sign()
     redraw()
     return out
 
@@ -227,6 +321,8 @@ def _interactive_class():
         output is rendered kernel-side by `render`."""
 
         def update(self, *args) -> None:
+            if args:                      # a control moved (not the first draw): say so first
+                show_busy(self.out, args[0])
             _flush_inline_figures()
             self.kwargs = {c._kwarg: c.get_interact_value() for c in self.kwargs_widgets}
             self.result = render(self.out, self.f, **self.kwargs)
