@@ -31,6 +31,7 @@ import torch
 from torch import nn
 
 from ..checks import seed as check_seed
+from . import custom_checks as checks
 from .importable import function_name, resolve
 from .source import ModelSource, rows, split_rows
 from .weight_grad import Linear
@@ -151,15 +152,9 @@ class CustomModel(ModelSource):
         stack once (no gradients): each layer's output, for the shapes crossing each stage boundary.
         ValueError if a function breaks its contract: not deterministic, a non-scalar loss."""
         layers = self.layers()
-        again = self.layers()
-        for i, (a, b) in enumerate(zip(layers, again)):
-            pa, pb = list(a.parameters()), list(b.parameters())
-            if len(pa) != len(pb) or any(not torch.equal(x, y) for x, y in zip(pa, pb)):
-                raise ValueError(f"CustomModel(layers=...): {self.names['layers']}(seed) built "
-                                 f"different weights for layer {i} on two calls; every worker "
-                                 f"builds its own copy, so draw them from a torch.Generator "
-                                 f"seeded by `seed`")
-        inputs, targets = self.batch(batch_size, seed)
+        checks.check_distinct(layers, self.names["layers"])
+        checks.check_same_weights(self)
+        inputs, targets = checks.check_batch(self, batch_size, seed)
         x, y = split_rows(inputs, parts)[0], split_rows(targets, parts)[0]
         outputs = []
         with torch.no_grad():
@@ -176,7 +171,16 @@ class CustomModel(ModelSource):
             raise ValueError(f"CustomModel(loss=...): {self.names['loss']}(output, targets) must "
                              f"return a scalar tensor (the mean loss over the rows), got "
                              f"{_kind(loss)}")
+        if not self.inexact():       # by design a dropout's or BatchNorm's losses differ
+            checks.check_mean_loss(self, layers, inputs, targets, parts, split_rows)
         return outputs
+
+    def inexact(self) -> list[str]:
+        """Why a split run of this model differs from its unsplit stack by design (Dropout with
+        p > 0, BatchNorm, in training mode), one line per layer; empty when it must match."""
+        if "inexact" not in self._cache:
+            self._cache["inexact"] = checks.inexact_layers(self.layers())
+        return list(self._cache["inexact"])
 
     def layer_inputs(self, batch_size: int, seed: int = 0) -> list:
         """What each layer receives on batch(batch_size, seed), detached: to time the layers one

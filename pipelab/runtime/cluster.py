@@ -20,6 +20,7 @@ from ..schedules import comm_plan
 from .board import DONE, OPTIM, POLL, RECV, RUN, SENDS, SETUP, SYNC
 from .calls import CallResults, call_all, pack_call, target_name
 from .errors import WorkerError
+from .exactness import judge, warn_before
 from .pool import WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
@@ -159,6 +160,7 @@ class LocalCluster:
                            inject=_inject, data_parallel=data_parallel,
                            tensor_parallel=tensor_parallel, recompute=recompute,
                            expert_parallel=expert_parallel, link=link, _meter=_meter)
+        warn_before(spec)              # a model that differs by design: said before it runs
         self.start()
         began = time.perf_counter()
         try:
@@ -166,7 +168,9 @@ class LocalCluster:
         except BaseException:
             self._discard()            # timeout, worker error, death or Ctrl-C: reap everyone
             raise
-        return assemble(spec, reports, wall_time=time.perf_counter() - began)
+        result = assemble(spec, reports, wall_time=time.perf_counter() - began)
+        judge(result)                  # a failed check is a warning naming the stages
+        return result
 
     def call(self, target, *args, timeout: float | None = None, **kwargs) -> CallResults:
         """Run `target(*args, **kwargs)` on every worker; return the results in rank order (a
