@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..checks import at_most, positive_int
+from ..checks import MAX_LAYERS, at_most, positive_int
 from ..model.custom import CustomModel
 from ..model.custom_profile import profile_layers
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
@@ -166,7 +166,8 @@ def partition(cfg: ModelConfig | CustomModel, stages: int | None = None, method:
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a pl.ModelConfig or a pl.CustomModel (the model to "
                          f"split), got {type(cfg).__name__}: call pl.partition(cfg, stages, method)")
-    n = cfg.total_layers
+    n = at_most("the model's layers (n_layers + 2)", cfg.total_layers, MAX_LAYERS,
+                "a partition lists every layer's parameters and FLOPs")
     positive_int("batch_size", batch_size)
     if layer_times is not None:
         layer_times = _check_layer_times(layer_times, n)
