@@ -27,6 +27,7 @@ from .runtime.spec import check_timeout, prepare_run
 from .runtime import LocalCluster, PipelineTimeout, WorkerError, assemble, run_rank
 from .checks import MAX_LOCAL_RANKS, at_most, check_steps, positive_int
 from .runtime.executor import warm_up
+from .sim.partition import partition_for_run
 
 EPILOG = """\
 The table shows the makespan and bubble fraction measured (wall clock), replayed (the
@@ -93,7 +94,8 @@ def _parser():
         help="sequences per step, a multiple of --microbatches (default: 2 x microbatches)")
     add("--partition", default="uniform", metavar="METHOD",
         help="how layers are split into stages: uniform, params, cost, or a layout such as "
-             "'E+t*2|t*2+L' (E embedding, t a block, L the head; default: uniform)")
+             "'E+t*2|t*2+L' (E embedding, t a block, L the head; with --model: each stage's "
+             "first-last layers, e.g. '0-2|3-5'; default: uniform)")
     add("--steps", type=int, default=1, metavar="K",
         help="training steps with AdamW; the loss history is printed (default: 1)")
     add("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
@@ -125,6 +127,9 @@ def _build(args, ranks: int):
     cfg = _model(args) if args.model is not None else \
         pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                        seq_len=args.seq_len, seed=args.model_seed)
+    # A custom model's 'params', 'cost' or '0-2|3-5' split, made once (cost profiles the layers)
+    args.partition = partition_for_run(cfg, sched, args.partition, args.batch_size,
+                                       args.data_parallel)
     spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg, **_run_options(args))
     return sched, cfg, spec
 

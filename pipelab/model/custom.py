@@ -25,6 +25,7 @@ with the input gradient (`fused_backward()` lists them): exact, only not deferre
 """
 from __future__ import annotations
 
+import types
 from typing import Iterator
 
 import torch
@@ -46,6 +47,10 @@ class CustomModel(ModelSource):
         given = {"layers": layers, "loss": loss, "batch": batch}
         self.names = {role: function_name(value, f"CustomModel({role}=...)")
                       for role, value in given.items()}
+        for role, name in self.names.items():
+            if isinstance(resolve(name), types.BuiltinFunctionType):   # e.g. --model os:_exit
+                raise ValueError(f"CustomModel({role}=...): {name} is a built-in function, not "
+                                 f"your model's {role} function; name one defined in your module")
         self.seed = check_seed("CustomModel seed", seed)
         self._cache: dict = {}
 
@@ -121,7 +126,14 @@ class CustomModel(ModelSource):
 
     # --- loss and data ----------------------------------------------------------------------------
     def loss(self, output, targets) -> torch.Tensor:
-        return self._function("loss")(output, targets)
+        """loss(output, targets) of the user's module, checked: a scalar tensor (else ValueError,
+        not torch's own error at the backward, in a run, a profile or a plan)."""
+        loss = self._function("loss")(output, targets)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() > 1:
+            raise ValueError(f"CustomModel(loss=...): {self.names['loss']}(output, targets) must "
+                             f"return a scalar tensor (the mean loss over the rows), got "
+                             f"{_kind(loss)}")
+        return loss
 
     def batch(self, batch_size: int, seed: int) -> tuple[object, object]:
         """batch(batch_size, seed) of the user's module, checked: (inputs, targets) of that many rows."""
@@ -150,7 +162,9 @@ class CustomModel(ModelSource):
     def trace(self, batch_size: int, parts: int, seed: int) -> list:
         """Run the first microbatch of batch(batch_size, seed), cut into `parts`, through the whole
         stack once (no gradients): each layer's output, for the shapes crossing each stage boundary.
-        ValueError if a function breaks its contract: not deterministic, a non-scalar loss."""
+        ValueError if a function breaks its contract (custom_checks.py): weights that differ between
+        calls or processes, a module listed twice, a batch not fixed by its seed or not finite,
+        a loss that is not a finite scalar mean over the rows."""
         layers = self.layers()
         checks.check_distinct(layers, self.names["layers"])
         checks.check_same_weights(self)
@@ -166,11 +180,7 @@ class CustomModel(ModelSource):
                                      f"{type(err).__name__}: {err}, run once here on the first "
                                      f"microbatch before any worker starts") from err
                 outputs.append(x)
-            loss = self.loss(x, y)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() > 1:
-            raise ValueError(f"CustomModel(loss=...): {self.names['loss']}(output, targets) must "
-                             f"return a scalar tensor (the mean loss over the rows), got "
-                             f"{_kind(loss)}")
+            self.loss(x, y)          # a scalar, or ValueError
         if not self.inexact():       # by design a dropout's or BatchNorm's losses differ
             checks.check_mean_loss(self, layers, inputs, targets, parts, split_rows)
         return outputs
