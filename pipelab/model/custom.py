@@ -124,6 +124,19 @@ class CustomModel(ModelSource):
                 out[i] = found
         return out
 
+    def deferred_share(self) -> tuple[float, list[str]]:
+        """(share of the parameters whose weight gradient a zero-bubble W pass computes: those
+        of the nn.Linear layers, the modules holding the rest, whose gradients come with I)."""
+        if "deferred" not in self._cache:
+            built = self.build(0, self.total_layers)
+            total = sum(p.numel() for p in built.parameters()) or 1
+            deferred = sum(p.numel() for m in built.modules() if isinstance(m, Linear)
+                           for p in m.parameters(recurse=False))
+            fused = [f"layer {i}: {', '.join(names)}" for i, names in self.fused_backward().items()]
+            self._cache["deferred"] = (deferred / total, fused)
+        share, fused = self._cache["deferred"]
+        return share, list(fused)
+
     # --- loss and data ----------------------------------------------------------------------------
     def loss(self, output, targets) -> torch.Tensor:
         """loss(output, targets) of the user's module, checked: a scalar tensor (else ValueError,

@@ -206,6 +206,12 @@ class RunResult:
         else:
             lines.append(f"loss{which} {self.loss:.6f} (no reference check)")
         lines.extend(f"NOT EXACT: {why}" for why in self.inexact)
+        if "W" in s.kinds() and hasattr(spec.cfg, "deferred_share"):   # a custom model's W
+            share, fused = spec.cfg.deferred_share()
+            lines.append(f"W (deferred weight gradients): {share:.0%} of the parameters (its "
+                         f"nn.Linear layers'); the rest come with I" +
+                         (f" ({'; '.join(fused[:3])}{'; ...' if len(fused) > 3 else ''})"
+                          if fused and share < 1 else ""))
         if len(self.loss_history) > 1:
             lines.append(f"loss history, step 1 -> step {spec.steps}: "
                          f"{self.loss_history[0]:.4f} -> {self.loss_history[-1]:.4f}")

@@ -227,14 +227,23 @@ class Costs:
         return cls(F=F, I=B / 2, W=B / 2, comm=comm, **kw)
 
     @classmethod
-    def fit(cls, timeline, stages: int, comm: float = 0.0) -> "Costs":
+    def fit(cls, timeline, stages: int | None = None, comm: float | None = None) -> "Costs":
         """The per-stage table (`scope="stage"`) a measured timeline implies: the median time
         of each kind on each stage (CPU time where it was recorded). Each kind is fitted from
         its own samples: I and W from split backwards, B from full ones; where a stage only ran
         full backwards, I and W are half of its B each. A compound step of one pass on several
         microbatches (Chimera's doubled forward `0F0+0F1`) counts as that many passes, each an
         equal share of its time; one that joins different passes (DualPipe's F&B pair) is left
-        out: no one kind's time can be read from it."""
+        out: no one kind's time can be read from it. Given a RunResult instead, its measured
+        timeline, its schedule's stages and its measured message latency."""
+        if hasattr(timeline, "timeline") and hasattr(timeline, "spec"):     # a RunResult
+            res = timeline
+            timeline, stages = res.timeline, res.schedule.stages if stages is None else stages
+            comm = res.comm_latency if comm is None else comm
+        if stages is None:
+            raise ValueError("Costs.fit(timeline, stages): give the schedule's stages, or pass "
+                             "the RunResult itself (Costs.fit(res))")
+        comm = 0.0 if comm is None else comm
         samples: dict[tuple[str, int], list[float]] = {}
         for e in timeline.events:
             parts = e.action.parts
