@@ -251,3 +251,57 @@ def test_unchecked_values_refused():
     with pytest.raises(SystemExit) as info:
         main(["run", "--trace", ""])
     assert info.value.code == 2
+
+
+# --- 9. your own model where the docs promise it ----------------------------------------------
+GOOD = pl.CustomModel("pipelab_test_custom:layers", "pipelab_test_custom:loss",
+                      "pipelab_test_custom:batch")     # Embedding, LayerNorm: not all Linear
+
+
+def test_custom_partitions_by_method_and_ranges(clusters):
+    res = clusters(2).run(pl.schedule("zb-h1", ranks=2, microbatches=4), model=GOOD,
+                          partition="cost", progress=False)
+    assert res.spec.partition_name == "cost" and res.max_grad_error < 1e-4
+    table = res.table()
+    # zero bubble on layers that are not all nn.Linear: the table says how much W defers
+    share, fused = GOOD.deferred_share()
+    assert 0 < share < 1 and f"W (deferred weight gradients): {share:.0%}" in table
+    assert "the rest come with I (layer 0: table (Embedding); layer 7: norm (LayerNorm))" in table
+    res = clusters(2).run(SCHED, model=GOOD, partition="0-2|3-7", progress=False)
+    assert res.spec.bounds == [(0, 3), (3, 8)] and "W (deferred" not in res.table()
+    from pipelab.sim.costs import Costs
+    fitted = Costs.fit(res)
+    assert fitted == Costs.fit(res.timeline, res.schedule.stages, res.comm_latency)
+
+
+def test_cli_partitions_a_custom_model(capsys):
+    from pipelab.__main__ import main
+    assert main(["run", "--model", "pipelab_test_custom", "--partition", "0|1-7",
+                 "--microbatches", "2"]) == 0
+    assert "stages [0,1) [1,8) (custom)" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as info:
+        main(["run", "--model", "pipelab_test_custom", "--partition", "0-3|3-7"])
+    assert info.value.code == 2
+    assert "cover layers 0..7 in order" in capsys.readouterr().err
+
+
+def test_measure_runs_a_custom_plan(clusters):
+    from pipelab.planner import check as plan_check
+    cal = pl.calibrate(GOOD, repeats=1, warmup=1)
+    plan = pl.plan(GOOD, devices=2, memory_per_device=10**12, calibration=cal, batch_size=8,
+                   schedules=["1f1b"], microbatches=[4])
+    c = next(c for c in plan if c.pipeline == 2)
+    assert f"bounds={c.bounds!r}" in repr(c)                # the split, shown
+    row = plan_check.measure(c, plan, clusters(2), steps=1)
+    assert row["run"].spec.bounds == [tuple(b) for b in c.bounds]
+    assert row["measured_time"] > 0
+
+
+def test_critical_path_prints_as_a_table():
+    tl = pl.simulate(pl.schedule("1f1b", ranks=2, microbatches=2), pl.Costs(F=1, B=2, comm=0.5))
+    path = tl.critical_path()
+    text = repr(path)
+    lines = text.splitlines()
+    assert lines[0].startswith(f"critical path: {len(path)} steps")
+    assert len(lines) == len(path) + 2 and "Event(" not in text
+    assert str(path[0].event.action) in lines[2]

@@ -204,8 +204,8 @@ def _custom_partition(model: CustomModel, stages, method: str, batch_size: int,
         return Partition(model, bounds, "custom", batch_size,
                          _check_layer_times(layer_times, n) if layer_times is not None else None)
     if method not in METHODS:
-        raise ValueError(f"method={method!r}: a custom model is split by 'uniform', 'params', "
-                         f"'cost' or layer ranges such as '0-2|3-5' (a layout of E, t and L "
+        raise ValueError(f"method={method!r}: a custom model is split by 'uniform', 'params' or "
+                         f"'cost', or by layer ranges such as '0-2|3-5' (a layout of E, t and L "
                          f"names the toy GPT's layers)")
     if stages is None:
         raise ValueError(f"method {method!r} needs stages=")
