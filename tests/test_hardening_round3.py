@@ -305,3 +305,31 @@ def test_critical_path_prints_as_a_table():
     assert lines[0].startswith(f"critical path: {len(path)} steps")
     assert len(lines) == len(path) + 2 and "Event(" not in text
     assert str(path[0].event.action) in lines[2]
+
+
+# --- 10. make test keeps going and reports both halves ----------------------------------------
+def test_make_test_runs_the_notebooks_after_failed_unit_tests(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+    if shutil.which("make") is None:
+        pytest.skip("GNU make is not installed")
+    repo = Path(__file__).resolve().parent.parent
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    log = tmp_path / "calls"
+    # A stand-in pytest: logs its arguments; the unit tests' first part fails.
+    (bin_ / "pytest").write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                                 f"case \"$*\" in *'not timing'*) exit 1;; esac\nexit 0\n")
+    (bin_ / "pytest").chmod(0o755)
+    (bin_ / "python").write_text("#!/bin/sh\nexit 0\n")
+    (bin_ / "python").chmod(0o755)
+    stamp = tmp_path / "stamp"
+    stamp.touch()
+    out = subprocess.run(["make", "-s", "-C", str(repo), "test", f"BIN={bin_}",
+                          f"STAMP={stamp}"], capture_output=True, text=True, timeout=60)
+    calls = log.read_text().splitlines()
+    assert out.returncode != 0
+    assert any("-m timing" in c for c in calls)              # the unit target went on
+    assert any("notebooks/" in c for c in calls)             # and so did the notebooks
+    assert "make test: unit tests FAILED, notebooks passed" in out.stdout
