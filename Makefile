@@ -22,13 +22,23 @@ lab: $(STAMP)
 	$(BIN)/jupyter lab --ip=127.0.0.1 --port=$(PORT) --ServerApp.root_dir=notebooks \
 		$(ALLOW_ROOT) $(LAB_ARGS)
 
-test: unit notebooks
+# The notebooks run even when unit tests fail: both outcomes are reported on one line, and
+# the target fails if either did.
+test: $(STAMP)
+	@unit=passed; notebooks=passed; \
+	$(MAKE) --no-print-directory unit || unit=FAILED; \
+	$(MAKE) --no-print-directory notebooks || notebooks=FAILED; \
+	echo "make test: unit tests $$unit, notebooks $$notebooks"; \
+	[ $$unit = passed ] && [ $$notebooks = passed ]
 
 # Unit, multi-process and browser tests: on two workers, a whole test file per worker (its
-# module-scoped clusters stay shared), then the wall-clock comparisons alone.
+# module-scoped clusters stay shared), then the wall-clock comparisons alone (run even when the
+# first part fails; the target fails if either did).
 unit: $(STAMP)
-	PIPELAB_CI=1 $(BIN)/pytest -rs -n 2 --dist loadfile -m "not timing" tests
-	PIPELAB_CI=1 $(BIN)/pytest -rs -m timing tests
+	@status=0; \
+	PIPELAB_CI=1 $(BIN)/pytest -rs -n 2 --dist loadfile -m "not timing" tests || status=1; \
+	PIPELAB_CI=1 $(BIN)/pytest -rs -m timing tests || status=1; \
+	exit $$status
 
 # Every notebook top to bottom, two notebooks at a time: --dist loadfile keeps each notebook's
 # cells in order on one worker (a notebook holds up beside another: the load harness,

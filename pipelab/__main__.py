@@ -27,8 +27,9 @@ from . import SCHEDULES
 from .support.atomic import check_target, write_text
 from .runtime.spec import check_timeout, prepare_run
 from .runtime import LocalCluster, PipelineTimeout, WorkerError, assemble, run_rank
-from .checks import MAX_LOCAL_RANKS, at_most, positive_int
+from .checks import MAX_LOCAL_RANKS, at_most, check_steps, positive_int
 from .runtime.executor import warm_up
+from .sim.partition import partition_for_run
 
 EPILOG = """\
 The table shows the makespan and bubble fraction measured (wall clock), replayed (the
@@ -44,7 +45,8 @@ current directory) instead of the toy GPT; --model MODULE:FUNCTION names the lay
 and --loss / --batch name the other two ('FUNCTION' in the same module, or 'MODULE:FUNCTION').
 --model-seed seeds its weights; the toy GPT's shape options (--layers, --d-model, --heads,
 --seq-len) do not apply to it. See pipelab/model/custom.py (pl.CustomModel) for the contract.
-Exit codes: 0 success, 1 the run failed (timeout or worker error), 2 bad arguments."""
+Exit codes: 0 success, 1 the run failed (timeout or worker error) or its trace could not be
+written, 2 bad arguments."""
 
 
 def _parser():
@@ -94,7 +96,8 @@ def _parser():
         help="sequences per step, a multiple of --microbatches (default: 2 x microbatches)")
     add("--partition", default="uniform", metavar="METHOD",
         help="how layers are split into stages: uniform, params, cost, or a layout such as "
-             "'E+t*2|t*2+L' (E embedding, t a block, L the head; default: uniform)")
+             "'E+t*2|t*2+L' (E embedding, t a block, L the head; with --model: each stage's "
+             "first-last layers, e.g. '0-2|3-5'; default: uniform)")
     add("--steps", type=int, default=1, metavar="K",
         help="training steps with AdamW; the loss history is printed (default: 1)")
     add("--lr", type=float, default=3e-3, help="AdamW learning rate (default: 3e-3)")
@@ -181,13 +184,20 @@ def _build(args, ranks: int):
     """Schedule, config and checked RunSpec from the arguments (ValueError when bad); `ranks`
     is the pipeline's, the processes are ranks × --data-parallel."""
     check_timeout(args.timeout)
+    if args.trace == "":
+        raise ValueError("--trace '': give the file to write, e.g. --trace run.json (or drop "
+                         "--trace)")
     if args.trace:                    # before the run, not after it: a file we can write
         check_target(args.trace, "--trace")
+    check_steps(args.steps, "--steps")
     options = {} if args.chunks is None else {"chunks": args.chunks}
     sched = pl.schedule(args.schedule, ranks=ranks, microbatches=args.microbatches, **options)
     cfg = _model(args) if args.model is not None else \
         pl.ModelConfig(n_layers=args.layers, d_model=args.d_model, n_heads=args.heads,
                        seq_len=args.seq_len, seed=args.model_seed)
+    # A custom model's 'params', 'cost' or '0-2|3-5' split, made once (cost profiles the layers)
+    args.partition = partition_for_run(cfg, sched, args.partition, args.batch_size,
+                                       args.data_parallel)
     spec = prepare_run(sched, ranks=ranks * args.data_parallel, model=cfg, **_run_options(args))
     return sched, cfg, spec
 
@@ -238,11 +248,20 @@ def _recompute(text: str):
     return items if len(items) > 1 else items[0]
 
 
-def _report(result, args) -> None:
+def _report(result, args) -> int:
+    """Print the table and write the trace; 1 (one line on stderr) if the trace cannot be
+    written, e.g. a full disk: the writer is atomic, so the file that was there survives."""
     print(result.table())
     if args.trace:
-        path = result.timeline.to_chrome_trace(args.trace)
+        try:
+            path = result.timeline.to_chrome_trace(args.trace)
+        except OSError as err:
+            print(f"python -m pipelab run: the run finished but its trace was not written to "
+                  f"{args.trace}: {err.strerror or err}; any file that was there is unchanged",
+                  file=sys.stderr)
+            return 1
         print(f"wrote the measured timeline to {path} (Chrome trace: open in ui.perfetto.dev)")
+    return 0
 
 
 def _check_model_flags(args) -> None:
@@ -266,8 +285,7 @@ def _local(args, fail) -> int:
         except (PipelineTimeout, WorkerError) as err:
             print(f"python -m pipelab run: the run failed: {err}", file=sys.stderr)
             return 1
-    _report(result, args)
-    return 0
+    return _report(result, args)
 
 
 def _check_processes(ranks: int, data_parallel: int) -> None:
@@ -306,7 +324,7 @@ def _torchrun(args, fail) -> int:
         reports = [None] * world if rank == 0 else None
         dist.gather_object(report, reports, dst=0)
         if rank == 0:
-            _report(assemble(spec, reports, wall_time=time.perf_counter() - began), args)
+            return _report(assemble(spec, reports, wall_time=time.perf_counter() - began), args)
     finally:
         dist.destroy_process_group()
     return 0

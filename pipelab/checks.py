@@ -74,6 +74,8 @@ MAX_MICROBATCHES = 1_000_000
 MAX_ACTIONS = 4_000_000          # compute actions in one schedule
 MAX_LOCAL_RANKS = 256            # worker processes of one LocalCluster
 SEED_RANGE = (-2**63, 2**64)     # what torch.Generator.manual_seed accepts: [low, high)
+MAX_LAYERS = 100_000             # layers a partition or a cost table lists one by one
+MAX_STEPS = 100_000              # training steps of one run: hours on two cores already
 
 
 def at_most(name: str, value: int, limit: int, why: str = "") -> int:
@@ -82,6 +84,13 @@ def at_most(name: str, value: int, limit: int, why: str = "") -> int:
         raise ValueError(f"{name}={_short(value)} is above the limit of {limit:,}"
                          + (f" ({why})" if why else ""))
     return value
+
+
+def check_steps(value, name: str = "steps") -> int:
+    """`value` if it is an int in 1..MAX_STEPS; else ValueError naming `name` and the limit."""
+    return at_most(name, positive_int(name, value), MAX_STEPS,
+                   "each step is a training step of the whole pipeline; run longer in several "
+                   "runs")
 
 
 def seed(name: str, value, low: int = SEED_RANGE[0], high: int = SEED_RANGE[1],

@@ -7,18 +7,24 @@ import pytest
 import torch
 
 import pipelab as pl
+from pipelab.support.threads import one_thread
 
 TINY = pl.ModelConfig(n_layers=2, d_model=32, n_heads=4, seq_len=16)
 
 
-def test_default_config_learns_within_200_steps():
-    # (How long it takes is a benchmark's business, not a unit test's: machines are noisy.)
+def test_default_config_learns_within_100_steps():
+    # Its purpose: the default model learns, from log(vocab) to well below it. 100 steps show it
+    # (measured: 4.16 -> 1.90 averaged over steps 81-100; 1.27 at 200) at 2.5 s of CPU time; on
+    # one torch thread, since two threads on a loaded machine wait for each other at every
+    # product (200 steps ran past pytest's 600 s at load 20 on two cores). How long it takes is
+    # a benchmark's business, not a unit test's.
     cfg = pl.ModelConfig()
-    losses = pl.train(cfg, steps=200, progress=False)
-    assert len(losses) == 200 and all(isinstance(v, float) for v in losses)
+    with one_thread():
+        losses = pl.train(cfg, steps=100, progress=False)
+    assert len(losses) == 100 and all(isinstance(v, float) for v in losses)
     assert abs(losses[0] - math.log(cfg.vocab_size)) < 0.15
     final = sum(losses[-20:]) / 20
-    assert final < 2.0, f"loss {losses[0]:.2f} -> {final:.2f} after 200 steps"
+    assert final < 2.2, f"loss {losses[0]:.2f} -> {final:.2f} after 100 steps"
 
 
 def test_loss_falls_on_a_short_run():

@@ -25,12 +25,14 @@ with the input gradient (`fused_backward()` lists them): exact, only not deferre
 """
 from __future__ import annotations
 
+import types
 from typing import Iterator
 
 import torch
 from torch import nn
 
 from ..checks import seed as check_seed
+from . import custom_checks as checks
 from .importable import function_name, resolve
 from .source import ModelSource, rows, split_rows
 from .weight_grad import Linear
@@ -45,6 +47,10 @@ class CustomModel(ModelSource):
         given = {"layers": layers, "loss": loss, "batch": batch}
         self.names = {role: function_name(value, f"CustomModel({role}=...)")
                       for role, value in given.items()}
+        for role, name in self.names.items():
+            if isinstance(resolve(name), types.BuiltinFunctionType):   # e.g. --model os:_exit
+                raise ValueError(f"CustomModel({role}=...): {name} is a built-in function, not "
+                                 f"your model's {role} function; name one defined in your module")
         self.seed = check_seed("CustomModel seed", seed)
         self._cache: dict = {}
 
@@ -118,9 +124,29 @@ class CustomModel(ModelSource):
                 out[i] = found
         return out
 
+    def deferred_share(self) -> tuple[float, list[str]]:
+        """(share of the parameters whose weight gradient a zero-bubble W pass computes: those
+        of the nn.Linear layers, the modules holding the rest, whose gradients come with I)."""
+        if "deferred" not in self._cache:
+            built = self.build(0, self.total_layers)
+            total = sum(p.numel() for p in built.parameters()) or 1
+            deferred = sum(p.numel() for m in built.modules() if isinstance(m, Linear)
+                           for p in m.parameters(recurse=False))
+            fused = [f"layer {i}: {', '.join(names)}" for i, names in self.fused_backward().items()]
+            self._cache["deferred"] = (deferred / total, fused)
+        share, fused = self._cache["deferred"]
+        return share, list(fused)
+
     # --- loss and data ----------------------------------------------------------------------------
     def loss(self, output, targets) -> torch.Tensor:
-        return self._function("loss")(output, targets)
+        """loss(output, targets) of the user's module, checked: a scalar tensor (else ValueError,
+        not torch's own error at the backward, in a run, a profile or a plan)."""
+        loss = self._function("loss")(output, targets)
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() > 1:
+            raise ValueError(f"CustomModel(loss=...): {self.names['loss']}(output, targets) must "
+                             f"return a scalar tensor (the mean loss over the rows), got "
+                             f"{_kind(loss)}")
+        return loss
 
     def batch(self, batch_size: int, seed: int) -> tuple[object, object]:
         """batch(batch_size, seed) of the user's module, checked: (inputs, targets) of that many rows."""
@@ -149,17 +175,13 @@ class CustomModel(ModelSource):
     def trace(self, batch_size: int, parts: int, seed: int) -> list:
         """Run the first microbatch of batch(batch_size, seed), cut into `parts`, through the whole
         stack once (no gradients): each layer's output, for the shapes crossing each stage boundary.
-        ValueError if a function breaks its contract: not deterministic, a non-scalar loss."""
+        ValueError if a function breaks its contract (custom_checks.py): weights that differ between
+        calls or processes, a module listed twice, a batch not fixed by its seed or not finite,
+        a loss that is not a finite scalar mean over the rows."""
         layers = self.layers()
-        again = self.layers()
-        for i, (a, b) in enumerate(zip(layers, again)):
-            pa, pb = list(a.parameters()), list(b.parameters())
-            if len(pa) != len(pb) or any(not torch.equal(x, y) for x, y in zip(pa, pb)):
-                raise ValueError(f"CustomModel(layers=...): {self.names['layers']}(seed) built "
-                                 f"different weights for layer {i} on two calls; every worker "
-                                 f"builds its own copy, so draw them from a torch.Generator "
-                                 f"seeded by `seed`")
-        inputs, targets = self.batch(batch_size, seed)
+        checks.check_distinct(layers, self.names["layers"])
+        checks.check_same_weights(self)
+        inputs, targets = checks.check_batch(self, batch_size, seed)
         x, y = split_rows(inputs, parts)[0], split_rows(targets, parts)[0]
         outputs = []
         with torch.no_grad():
@@ -171,12 +193,17 @@ class CustomModel(ModelSource):
                                      f"{type(err).__name__}: {err}, run once here on the first "
                                      f"microbatch before any worker starts") from err
                 outputs.append(x)
-            loss = self.loss(x, y)
-        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.dim() > 1:
-            raise ValueError(f"CustomModel(loss=...): {self.names['loss']}(output, targets) must "
-                             f"return a scalar tensor (the mean loss over the rows), got "
-                             f"{_kind(loss)}")
+            self.loss(x, y)          # a scalar, or ValueError
+        if not self.inexact():       # by design a dropout's or BatchNorm's losses differ
+            checks.check_mean_loss(self, layers, inputs, targets, parts, split_rows)
         return outputs
+
+    def inexact(self) -> list[str]:
+        """Why a split run of this model differs from its unsplit stack by design (Dropout with
+        p > 0, BatchNorm, in training mode), one line per layer; empty when it must match."""
+        if "inexact" not in self._cache:
+            self._cache["inexact"] = checks.inexact_layers(self.layers())
+        return list(self._cache["inexact"])
 
     def layer_inputs(self, batch_size: int, seed: int = 0) -> list:
         """What each layer receives on batch(batch_size, seed), detached: to time the layers one

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..checks import MAX_LAYERS, at_most
 from .config import LAYER_SEED_STRIDE, ModelConfig, shard_rows  # noqa: F401  (pl.ModelConfig)
 from .footprint import check_build
 from .moe import MoEMLP, moe_parameter_counts
@@ -164,6 +165,9 @@ class ToyGPT(nn.Module):
     """The unsplit model: `self.layers` is the flat list embedding, blocks..., head."""
 
     def __init__(self, cfg: ModelConfig):
+        if not isinstance(cfg, ModelConfig):
+            raise ValueError(f"ToyGPT(cfg): cfg must be a pl.ModelConfig, got "
+                             f"{type(cfg).__name__} {cfg!r:.60}")
         super().__init__()
         self.cfg = cfg
         self.layers = nn.ModuleList(build_layers(cfg, 0, cfg.total_layers))
@@ -187,6 +191,8 @@ def layer_costs(cfg: ModelConfig, batch_size: int = 1) -> list[dict]:
     Block FLOPs follow the zero-bubble paper's count, s·b·h·(24h + 4s) for d_ff = 4h
     (2 FLOPs per multiply-add in every matmul, plus QK^T and attention·V).
     """
+    at_most("the model's layers (n_layers + 2)", cfg.total_layers, MAX_LAYERS,
+            "the table has a row per layer")
     s, b, h, f, v = cfg.seq_len, batch_size, cfg.d_model, cfg.ffn_width, cfg.vocab_size
     block_params = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h   # qkv, proj, up, down, two LNs
     mlp_flops = 2 * s * b * 2 * h * f

@@ -52,6 +52,14 @@ def resolve(name: str, who: str = "resolve") -> Callable:
         raise ValueError(f"{who}: cannot import module {module_name!r} ({err}); the "
                          f"workers import it by name, so it must be importable (a .py file "
                          f"on the path, e.g. next to the notebook)") from None
+    except SystemExit as err:          # a module that calls sys.exit() when imported
+        raise ValueError(f"{who}: importing module {module_name!r} called sys.exit({err.code}); "
+                         f"keep a script's top-level code under `if __name__ == '__main__':`") \
+            from None
+    except Exception as err:           # a SyntaxError, or anything its top-level code raised
+        where = f" (line {err.lineno})" if isinstance(err, SyntaxError) and err.lineno else ""
+        raise ValueError(f"{who}: module {module_name!r} failed to import: "
+                         f"{type(err).__name__}{where}: {err}") from err
     for part in qualname.split("."):
         try:
             obj = getattr(obj, part)

@@ -29,7 +29,7 @@ class Candidate:
     chunks: int                   # stages per pipeline rank
     recompute: str
     rows: int                     # sequences per microbatch
-    bounds: list[tuple[int, int]] = field(repr=False)
+    bounds: list[tuple[int, int]]  # [start, stop) of each stage (shown in the repr)
     tensor: int = 1               # tensor-parallel shards of every block (tp)
     expert: int = 1               # processes the experts are divided over (ep: 1 or dp)
     _time: float | None = 0.0     # predicted seconds per training step (None: not yet)

@@ -37,19 +37,21 @@ def can_run(candidate: Candidate, cluster) -> bool:
 def measure(candidate: Candidate, plan: Plan, cluster, *, steps: int = 3) -> dict:
     """Run `candidate` live on `cluster` (as many ranks as its devices) and return predicted
     and measured step time (s) and peak memory (bytes) side by side; "run" is the RunResult."""
-    if plan.cfg is None:
-        raise ValueError("measure runs a pl.ModelConfig's plan live; a pl.ModelShape's plan is "
-                         "a prediction at a real model's scale, not runnable on this machine")
+    model = plan.cfg if plan.cfg is not None else getattr(plan.source, "custom", None)
+    if model is None:                  # neither a config's plan nor a pl.CustomModel's
+        raise ValueError("measure runs a pl.ModelConfig's or a pl.CustomModel's plan live; a "
+                         "pl.ModelShape's plan is a prediction at a real model's scale, not "
+                         "runnable on this machine")
     if not can_run(candidate, cluster):
         raise ValueError(f"cluster of {cluster.ranks} ranks cannot run {candidate.label()} "
                          f"({candidate.devices} devices, recompute {candidate.recompute})")
     extra = {"recompute": candidate.recompute} if candidate.recompute != "none" else {}
-    res = cluster.run(candidate.build(), model=plan.cfg, partition=candidate.bounds,
+    res = cluster.run(candidate.build(), model=model, partition=candidate.bounds,
                       batch_size=plan.batch_size, steps=steps, check=False, progress=False,
                       data_parallel=candidate.data_parallel,
                       tensor_parallel=candidate.tensor, expert_parallel=candidate.expert, **extra)
     spans = [t.makespan for t in (res.timelines[1:] or res.timelines)]
-    cfg, sched = plan.cfg, res.schedule
+    sched = res.schedule
     held = {r: held_bytes(res.spec, r) for r in range(sched.ranks)}      # tensor shard 0
     live = res.peak_activations          # per pipeline rank (its replicas' and shards' alike)
     measured = {r: held[r] + live[r] for r in held}

@@ -100,6 +100,10 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
     if not isinstance(prune, bool):
         raise ValueError(f"prune must be True (simulate only what could be best) or False "
                          f"(simulate every candidate), got {prune!r}")
+    positive_int("gpus_per_node", gpus_per_node)
+    if calibration is not None and not isinstance(calibration, (Calibration, CustomCalibration)):
+        raise ValueError(f"calibration must be None (measured here) or what pl.calibrate(model) "
+                         f"returns, got {type(calibration).__name__} {calibration!r:.60}")
     kind = _kind(model, calibration, device, gpus_per_node, optimizer)
     schedules, recompute, chunks, microbatches = _check(
         kind, devices, memory_per_device, schedules, recompute, chunks, microbatches)
@@ -278,6 +282,12 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
                      f"pl.CustomModel), got {type(model).__name__}")
 
 
+# Registered schedules the planner has no candidate shape for (it would split them wrongly).
+NOT_PLANNED = {"stp": "its V placement holds two stages per rank with offload, which the "
+                      "planner's candidates (one split per rank, or `chunks` of them) do not "
+                      "describe"}
+
+
 def _check(source, devices, memory_per_device, schedules, recompute, chunks, microbatches):
     """The arguments, checked and normalised: (schedules, recompute, chunks, microbatches)."""
     at_most("devices", positive_int("devices", devices), MAX_DEVICES,
@@ -295,6 +305,10 @@ def _check(source, devices, memory_per_device, schedules, recompute, chunks, mic
     unknown = [s for s in schedules if s not in SCHEDULES]
     if unknown:
         raise ValueError(f"schedules: unknown {unknown}; known: {', '.join(SCHEDULES)}")
+    unplanned = [s for s in schedules if s not in source.schedules and s in NOT_PLANNED]
+    if unplanned:
+        raise ValueError(f"schedules: {unplanned[0]} cannot be planned: {NOT_PLANNED[unplanned[0]]}; "
+                         f"the planner plans {', '.join(source.schedules)}")
     if source is CalibratedModel:
         refused = [s for s in schedules if s in UNPLANNABLE]
         if refused:

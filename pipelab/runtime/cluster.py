@@ -15,11 +15,14 @@ import atexit
 import time
 import weakref
 
-from ..checks import MAX_LOCAL_RANKS, at_most, boolean, positive_int
+from ..checks import MAX_LOCAL_RANKS, at_most, boolean, check_steps, positive_int
 from ..schedules import comm_plan
+from ..sim.link import check_link_time
+from ..sim.partition import partition_for_run
 from .board import DONE, OPTIM, POLL, RECV, RUN, SENDS, SETUP, SYNC
 from .calls import CallResults, call_all, pack_call, target_name
 from .errors import WorkerError
+from .exactness import judge, warn_before
 from .pool import WorkerPool, death
 from .result import RunResult, assemble
 from .spec import check_timeout, prepare_run
@@ -133,11 +136,16 @@ class LocalCluster:
         model: a pl.ModelConfig (default ModelConfig()), or a pl.CustomModel (your layers,
             loss and batches, named 'module:function'); every rank builds its stages from it.
             A custom model runs every schedule of forwards and backwards (ZB's I/W split on
-            its nn.Linear layers), data parallelism, `steps=` and the exactness check against
-            its unsplit stack; what needs the GPT's inside (tensor, expert and vocabulary
-            parallelism, recomputation, updates inside the schedule) is refused.
+            its nn.Linear layers), data parallelism, recomputation (a stage's layers re-run
+            from its input), `steps=` and the exactness check against its unsplit stack; what
+            needs the GPT's inside (tensor, expert and vocabulary parallelism, updates inside
+            the schedule) is refused. Checked before any worker starts: weights built alike in
+            two processes, batches deterministic per seed, a finite mean loss; a run that does
+            not match its unsplit stack warns (InexactRunWarning) and says NOT EXACT in its table.
         partition: a pl.Partition, a method ("uniform", "params", "cost"), a layout such as
-            "E|t*3|t*3|L", or a list of (start, stop) layer ranges; default uniform.
+            "E|t*3|t*3|L" (a custom model's: layer ranges "0-2|3-5"), or a list of (start,
+            stop) layer ranges; default uniform. A custom model is split as
+            pl.partition(model, stages, method, batch_size=rows per microbatch) splits it.
         seed: seeds the batches (weights come from model.seed); every rank draws the same ones.
         batch_size: rows per step, a multiple of the microbatch count (default 2 per microbatch).
         steps, lr: train for `steps` AdamW steps; `loss_history` matches single-process training.
@@ -170,12 +178,18 @@ class LocalCluster:
             (the same figures, at a higher cost: runtime/meter.py); for tests and ablations.
         """
         timeout = self.timeout if timeout is None else check_timeout(timeout)
+        check_steps(steps)
+        boolean("progress", progress)
+        partition = partition_for_run(model, schedule, partition, batch_size, data_parallel)
         spec = prepare_run(schedule, ranks=self.ranks, model=model, partition=partition,
                            seed=seed, batch_size=batch_size, steps=steps, lr=lr, check=check,
                            inject=_inject, data_parallel=data_parallel,
                            tensor_parallel=tensor_parallel, recompute=recompute,
                            expert_parallel=expert_parallel, link=link, _meter=_meter,
                            engine=engine, torch_trace=torch_trace)
+        if spec.link is not None:
+            check_link_time(spec.link, spec.message_bytes(), spec.data_parallel, timeout)
+        warn_before(spec)              # a model that differs by design: said before it runs
         self.start()
         began = time.perf_counter()
         try:
@@ -183,7 +197,9 @@ class LocalCluster:
         except BaseException:
             self._discard()            # timeout, worker error, death or Ctrl-C: reap everyone
             raise
-        return assemble(spec, reports, wall_time=time.perf_counter() - began)
+        result = assemble(spec, reports, wall_time=time.perf_counter() - began)
+        judge(result)                  # a failed check is a warning naming the stages
+        return result
 
     @one_thread()                     # as in `run`: the workers get the cores
     def call(self, target, *args, timeout: float | None = None, **kwargs) -> CallResults:

@@ -76,6 +76,9 @@ class RunResult:
     # Per process, how its activation meter counted: "sampled: 0F0 hooked" (the forwards it
     # hooked, the others counted from them) or "full: <why every forward was hooked>"
     meter: dict[int, str] = field(default_factory=dict)
+    # Why the run does not match its unsplit model (empty: it does, or was not checked):
+    # runtime/exactness.py; the table says NOT EXACT with them.
+    inexact: list[str] = field(default_factory=list)
 
     @property
     def load_line(self) -> str:
@@ -204,6 +207,13 @@ class RunResult:
             lines.append(f"max grad error {self.max_grad_error:.1e} (relative, vs the unsplit model)")
         else:
             lines.append(f"loss{which} {self.loss:.6f} (no reference check)")
+        lines.extend(f"NOT EXACT: {why}" for why in self.inexact)
+        if "W" in s.kinds() and hasattr(spec.cfg, "deferred_share"):   # a custom model's W
+            share, fused = spec.cfg.deferred_share()
+            lines.append(f"W (deferred weight gradients): {share:.0%} of the parameters (its "
+                         f"nn.Linear layers'); the rest come with I" +
+                         (f" ({'; '.join(fused[:3])}{'; ...' if len(fused) > 3 else ''})"
+                          if fused and share < 1 else ""))
         if len(self.loss_history) > 1:
             lines.append(f"loss history, step 1 -> step {spec.steps}: "
                          f"{self.loss_history[0]:.4f} -> {self.loss_history[-1]:.4f}")

@@ -184,6 +184,11 @@ class Schedule:
             line = raw.strip()
             if line.startswith("#"):
                 meta = dict(tok.split("=", 1) for tok in line[1:].split() if "=" in tok)
+                unknown = sorted(set(meta) - set(HEADER_KEYS))
+                if unknown:
+                    raise ValueError(f"line {number}: unknown header key {unknown[0]!r} in "
+                                     f"{_clip(line)!r}; the header's keys are "
+                                     f"{', '.join(HEADER_KEYS)}")
                 name = name or meta.get("name")
                 try:
                     if microbatches is None and "microbatches" in meta:
@@ -344,10 +349,23 @@ def write_rows(actions, cell, path: str | Path | None = None) -> str:
     return text
 
 
+HEADER_KEYS = ("name", "microbatches", "placement", "routes", "slices")   # what to_text writes
+
+
 def _csv_text(path_or_text: str | Path) -> str:
-    """The CSV itself: read from a Path, or from a str naming an existing file; else the str."""
-    if isinstance(path_or_text, Path):
-        return path_or_text.read_text()
+    """The CSV itself: read from a Path, or from a str naming an existing file; else the str. A
+    str that can only be a path (one line, a folder separator or a file suffix, and no file
+    there) is refused: read as CSV text it would be misread as actions."""
+    if isinstance(path_or_text, Path) or ("\n" not in path_or_text and (
+            "/" in path_or_text or "\\" in path_or_text
+            or path_or_text.lower().endswith((".csv", ".txt")))):
+        path = Path(path_or_text)
+        try:
+            return path.read_text()
+        except FileNotFoundError:
+            raise ValueError(f"from_csv: the file {str(path)!r} does not exist") from None
+        except OSError as err:
+            raise ValueError(f"from_csv: cannot read {str(path)!r}: {err.strerror}") from None
     try:
         if "\n" not in path_or_text and Path(path_or_text).is_file():
             return Path(path_or_text).read_text()

@@ -228,7 +228,7 @@ class Costs:
         return cls(F=F, I=B / 2, W=B / 2, comm=comm, **kw)
 
     @classmethod
-    def fit(cls, timeline, stages: int, comm: float = 0.0,
+    def fit(cls, timeline, stages: int | None = None, comm: float | None = None,
             statistic: str = "median") -> "Costs":
         """The per-stage table (`scope="stage"`) a measured timeline implies: the median time
         of each kind on each stage (CPU time where it was recorded). `statistic="min"` takes
@@ -238,7 +238,16 @@ class Costs:
         full backwards, I and W are half of its B each. A compound step of one pass on several
         microbatches (Chimera's doubled forward `0F0+0F1`) counts as that many passes, each an
         equal share of its time; one that joins different passes (DualPipe's F&B pair) is left
-        out: no one kind's time can be read from it."""
+        out: no one kind's time can be read from it. Given a RunResult instead, its measured
+        timeline, its schedule's stages and its measured message latency."""
+        if hasattr(timeline, "timeline") and hasattr(timeline, "spec"):     # a RunResult
+            res = timeline
+            timeline, stages = res.timeline, res.schedule.stages if stages is None else stages
+            comm = res.comm_latency if comm is None else comm
+        if stages is None:
+            raise ValueError("Costs.fit(timeline, stages): give the schedule's stages, or pass "
+                             "the RunResult itself (Costs.fit(res))")
+        comm = 0.0 if comm is None else comm
         pick = _STATISTICS.get(statistic)
         if pick is None:
             raise ValueError(f"statistic must be one of {', '.join(map(repr, _STATISTICS))}, "

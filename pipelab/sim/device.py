@@ -63,6 +63,9 @@ class Device:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ValueError(f"Device.name must be a non-empty string, got {self.name!r}")
+        if not isinstance(self.source, str):
+            raise ValueError(f"Device.source must be a string (where the figures come from), "
+                             f"got {self.source!r}")
         _positive("peak_flops", self.peak_flops, "a number of FLOP/s")
         eff = self.efficiency
         if not (isinstance(eff, numbers.Real) and not isinstance(eff, bool) and 0 < eff <= 1):

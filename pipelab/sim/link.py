@@ -24,6 +24,10 @@ from dataclasses import dataclass
 from ..schedules.reductions import allreduce_time
 
 
+MAX_LATENCY = 3600.0       # seconds: an hour per message is no network a run can wait out
+MIN_BANDWIDTH = 1.0        # bytes/s
+
+
 def _number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
@@ -41,6 +45,11 @@ class Link:
         if not (_number(self.bandwidth) and self.bandwidth > 0 and not math.isnan(self.bandwidth)):
             raise ValueError(f"Link bandwidth must be a number of bytes/s > 0 (math.inf for "
                              f"latency only), got {self.bandwidth!r}")
+        if self.latency > MAX_LATENCY or self.bandwidth < MIN_BANDWIDTH:
+            raise ValueError(f"Link(latency={self.latency!r}, bandwidth={self.bandwidth!r}): "
+                             f"latency must be at most {MAX_LATENCY:g} s and bandwidth at least "
+                             f"{MIN_BANDWIDTH:g} byte/s (beyond them a message outlasts any run, "
+                             f"and the collectives' times overflow)")
         object.__setattr__(self, "latency", float(self.latency))
         object.__setattr__(self, "bandwidth", float(self.bandwidth))
 
@@ -62,6 +71,17 @@ class Link:
 
     def __str__(self) -> str:
         return f"link α={self.latency * 1e3:g} ms, β={self.bandwidth / 1e9:g} GB/s"
+
+
+def check_link_time(link: Link, nbytes: int, processes: int, timeout: float) -> None:
+    """ValueError, before any worker starts, if one message of `nbytes` (or a gradient
+    all-reduce of as many over `processes`) would wait on `link` longer than the run's
+    no-progress `timeout`: the run could only time out."""
+    worst = max(link.transfer_time(nbytes), link.allreduce_time(nbytes, processes))
+    if not worst < timeout:
+        raise ValueError(f"link={link}: one message of {nbytes:,} bytes waits {worst:.3g} s on "
+                         f"it, longer than the run's timeout of {timeout:g} s, so the run could "
+                         f"only time out; raise timeout= or use a faster link")
 
 
 def check_link(value) -> Link | None:

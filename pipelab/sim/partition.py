@@ -24,7 +24,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from ..checks import at_most, positive_int
+from ..checks import MAX_LAYERS, at_most, positive_int
 from ..model.custom import CustomModel
 from ..model.custom_profile import profile_layers
 from ..model.gpt import ModelConfig, build_layer, layer_costs, loss_fn
@@ -166,7 +166,8 @@ def partition(cfg: ModelConfig | CustomModel, stages: int | None = None, method:
     if not isinstance(cfg, ModelConfig):
         raise ValueError(f"cfg must be a pl.ModelConfig or a pl.CustomModel (the model to "
                          f"split), got {type(cfg).__name__}: call pl.partition(cfg, stages, method)")
-    n = cfg.total_layers
+    n = at_most("the model's layers (n_layers + 2)", cfg.total_layers, MAX_LAYERS,
+                "a partition lists every layer's parameters and FLOPs")
     positive_int("batch_size", batch_size)
     if layer_times is not None:
         layer_times = _check_layer_times(layer_times, n)
@@ -196,10 +197,16 @@ def _custom_partition(model: CustomModel, stages, method: str, batch_size: int,
     """`partition` of a custom model: the same balanced search, on parameters or times."""
     n = model.total_layers
     positive_int("batch_size", batch_size)
+    if isinstance(method, str) and method not in METHODS and _RANGES.fullmatch(method.strip()):
+        bounds = parse_ranges(method, n)
+        if stages is not None and stages != len(bounds):
+            raise ValueError(f"layout {method!r} has {len(bounds)} stages but stages={stages}")
+        return Partition(model, bounds, "custom", batch_size,
+                         _check_layer_times(layer_times, n) if layer_times is not None else None)
     if method not in METHODS:
         raise ValueError(f"method={method!r}: a custom model is split by 'uniform', 'params' or "
-                         f"'cost' (a layout string names the toy GPT's E, t and L); for cuts of "
-                         f"your own give cluster.run partition=[(start, stop), ...]")
+                         f"'cost', or by layer ranges such as '0-2|3-5' (a layout of E, t and L "
+                         f"names the toy GPT's layers)")
     if stages is None:
         raise ValueError(f"method {method!r} needs stages=")
     positive_int("stages", stages)
@@ -217,6 +224,45 @@ def _custom_partition(model: CustomModel, stages, method: str, batch_size: int,
     else:
         bounds = balanced_bounds(layer_times, stages)
     return Partition(model, bounds, method, batch_size, layer_times)
+
+
+_RANGES = re.compile(r"\d+(-\d+)?(\s*\|\s*\d+(-\d+)?)*")
+
+
+def parse_ranges(text: str, n: int) -> list[tuple[int, int]]:
+    """A custom model's layout, each stage's first-last layers: "0-2|3-5" -> [(0, 3), (3, 6)]
+    (a stage of one layer may be "3"); ValueError unless they cover layers 0..n-1 in order."""
+    if not isinstance(text, str) or not _RANGES.fullmatch(text.strip()):
+        raise ValueError(f"layout {text!r}: give each stage's first-last layers, e.g. '0-2|3-5'")
+    bounds = []
+    for part in text.split("|"):
+        first, _sep, last = part.strip().partition("-")
+        bounds.append((int(first), int(last or first) + 1))
+    if any(b <= a for a, b in bounds) or [a for a, _b in bounds] != [0] + [
+            b for _a, b in bounds[:-1]] or bounds[-1][1] != n:
+        raise ValueError(f"layout {text!r}: the stages' first-last layers must cover layers "
+                         f"0..{n - 1} in order, each exactly once, e.g. '0-{n // 2 - 1}|"
+                         f"{n // 2}-{n - 1}'" if n > 1 else f"layout {text!r}: the model has "
+                         f"one layer, '0'")
+    return bounds
+
+
+def partition_for_run(model, schedule, given, batch_size, data_parallel):
+    """`partition` as cluster.run reads it: for a pl.CustomModel a method other than "uniform"
+    ("params", "cost") or layer ranges ("0-2|3-5") become the pl.Partition that
+    `pl.partition(model, stages, method, batch_size=rows per microbatch)` gives; anything else
+    is returned as given (the run's checks judge it)."""
+    from ..schedules.base import Schedule
+    if not (isinstance(model, CustomModel) and isinstance(given, str)
+            and given != "uniform" and isinstance(schedule, Schedule)):
+        return given
+    m = schedule.microbatches
+    dp = data_parallel if isinstance(data_parallel, int) and data_parallel > 0 else 1
+    rows = batch_size // (m * dp) if isinstance(batch_size, int) and batch_size >= m * dp else 2
+    try:
+        return partition(model, schedule.model_slices, given, batch_size=rows)
+    except ValueError as err:
+        raise ValueError(f"partition={given!r}: {err}") from None
 
 
 def _check_layer_times(layer_times, n: int) -> list[float]:

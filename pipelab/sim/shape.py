@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..checks import positive_int
+from ..checks import boolean, positive_int
 from .device import Device
 from .flops import (RECOMPUTE_POLICIES, head_flops, layer_activation_bytes, layer_flops,
                     layer_parameters, model_flops, recompute_flops)
@@ -128,6 +128,7 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
     vocabulary schedule."""
     if not isinstance(shape, ModelShape):
         raise ValueError(f"shape must be a pl.ModelShape, got {type(shape).__name__}")
+    boolean("sequence_parallel", sequence_parallel)
     positive_int("microbatch", microbatch)
     positive_int("stages", stages)
     positive_int("tensor_parallel", tensor_parallel)

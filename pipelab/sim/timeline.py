@@ -81,6 +81,30 @@ class PathStep:
     def duration(self) -> float:
         return self.event.duration
 
+    def __repr__(self) -> str:
+        return (f"PathStep({self.event.action} on rank {self.event.rank}, "
+                f"{self.event.start:.4g}-{self.event.end:.4g}, after {self.edge}"
+                f"{f' +{self.comm_before:.3g} comm' if self.comm_before else ''}"
+                f"{f' +{self.wait_before:.3g} wait' if self.wait_before else ''})")
+
+
+class CriticalPath(list):
+    """`Timeline.critical_path()`: a list of PathStep that prints as a table, one line a step."""
+
+    def __repr__(self) -> str:
+        if not self:
+            return "CriticalPath([])"
+        lines = [f"critical path: {len(self)} steps, {self[0].event.start:.4g} -> "
+                 f"{self[-1].event.end:.4g}",
+                 f"{'action':>10} {'rank':>4} {'start':>10} {'duration':>10} {'comm':>8} "
+                 f"{'wait':>8}  after"]
+        lines += [f"{str(p.event.action):>10} {p.event.rank:>4} {p.event.start:>10.4g} "
+                  f"{p.duration:>10.4g} {p.comm_before:>8.3g} {p.wait_before:>8.3g}  {p.edge}"
+                  for p in self]
+        return "\n".join(lines)
+
+    __str__ = __repr__
+
 
 class Timeline:
     """Events per rank plus an activation-memory curve per rank.
@@ -212,7 +236,7 @@ class Timeline:
             self._action_index = cache
         return cache[1]
 
-    def critical_path(self) -> list[PathStep]:
+    def critical_path(self) -> "CriticalPath":
         """The chain of actions that sets the makespan, from time 0 to the last end.
 
         Walks back from the action that ends last: each step's predecessor is whichever input
@@ -249,7 +273,7 @@ class Timeline:
             steps.append(PathStep(event, event.start - arrival, hop, edge))
             event = pred
         steps.reverse()
-        return steps
+        return CriticalPath(steps)
 
     def ranks_running(self, event: Event) -> tuple[int, ...]:
         """The ranks that ran the event's action: its members for a collective, else its rank."""

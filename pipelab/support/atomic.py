@@ -9,7 +9,9 @@ reader sees the old file or the new one, never a mix; a failure removes the temp
 """
 from __future__ import annotations
 
+import errno
 import os
+import stat
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
@@ -37,8 +39,12 @@ def replacing(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO]:
     as it was."""
     if Path(path).is_dir():
         raise IsADirectoryError(f"{path} is a directory")
-    target = Path(os.path.realpath(path))     # through a symbolic link: the link stays
-    handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    target = _through_link(Path(path))
+    try:
+        handle, temp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp",
+                                        dir=target.parent)
+    except OSError as err:             # name the file asked for, not the temporary one
+        raise _naming(err, path) from None
     try:
         with os.fdopen(handle, mode, **open_args) as f:
             yield f
@@ -49,12 +55,37 @@ def replacing(path: str | Path, mode: str = "w", **open_args) -> Iterator[IO]:
         except FileNotFoundError:          # a new file: the usual mode, as open() would give
             os.chmod(temp, 0o666 & ~_umask())
         os.replace(temp, target)
-    except BaseException:
+    except BaseException as err:
         try:
             os.unlink(temp)
         except FileNotFoundError:
             pass
+        if isinstance(err, OSError) and err.filename in (temp, None):
+            raise _naming(err, path) from None
         raise
+
+
+def _naming(err: OSError, path) -> OSError:
+    """`err` as the same kind of OSError about `path` (a full disk, a refused folder), never
+    about the temporary file beside it, which no longer exists."""
+    return type(err)(err.errno, f"{err.strerror} (writing {str(path)!r}; the file there, if "
+                                f"any, is unchanged)", str(path))
+
+
+def _through_link(path: Path) -> Path:
+    """Where to write `path`: the file a symbolic link there points to (the link stays), but
+    never through a link planted in a shared folder by someone else. The kernel's
+    protected_symlinks refuses open() there: a sticky, world-writable folder (/tmp) whose link
+    belongs neither to us nor to the folder's owner; so do we, with PermissionError."""
+    if not path.is_symlink():
+        return Path(os.path.abspath(path))
+    link, folder = os.lstat(path), os.stat(path.parent if str(path.parent) else ".")
+    shared = folder.st_mode & stat.S_ISVTX and folder.st_mode & stat.S_IWOTH
+    if shared and link.st_uid not in (os.geteuid(), folder.st_uid):
+        raise PermissionError(errno.EACCES, f"{str(path)!r} is a symbolic link another user "
+                              f"left in the shared folder {str(path.parent)!r}; it is not "
+                              f"followed (remove it or write elsewhere)", str(path))
+    return Path(os.path.realpath(path))
 
 
 def write_text(path: str | Path, text: str) -> Path:

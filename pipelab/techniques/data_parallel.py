@@ -101,12 +101,12 @@ def prepare_run(draft) -> bool:
         raise ValueError("data_parallel > 1 with a schedule that has collectives of its own "
                          "(members=...) is not supported yet: run it with data_parallel=1")
     if schedule.ranks * dp * tp != draft.ranks:
-        ranks = draft.ranks
+        ranks, need = draft.ranks, schedule.ranks * dp * tp
+        shards = f" × {tp} tensor-parallel shards" if tp > 1 else ""   # counted, so said
         raise ValueError(
-            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas = "
-            f"{schedule.ranks * dp} processes, but the cluster has {ranks}: use "
-            f"LocalCluster(ranks={schedule.ranks * dp}), or a schedule with ranks="
-            f"{ranks // dp if ranks % dp == 0 else '?'}")
+            f"the mesh is {schedule.ranks} pipeline ranks × {dp} data-parallel replicas{shards} = "
+            f"{need} processes, but the cluster has {ranks}: use LocalCluster(ranks={need}), or "
+            f"a schedule with ranks={ranks // (dp * tp) if ranks % (dp * tp) == 0 else '?'}")
     if not has_reductions(schedule):
         draft.schedule = with_data_parallel(schedule, dp).validate()
     return True
