@@ -17,7 +17,7 @@ from ..schedules import schedule as make_schedule
 from ..schedules.kinds import comm_kinds
 from .costs import Costs
 from .device import Device
-from .shape import ModelShape, StageProfile, shape_profile
+from .shape import VOCAB_PASSES, ModelShape, StageProfile, shape_profile
 from .simulate import simulate
 
 GIB = 2 ** 30     # Megatron's memory report divides by 1024³
@@ -44,11 +44,11 @@ def simulate_shape(name: str, shape: ModelShape, ranks: int, microbatches: int,
                    tensor_parallel: int = 1):
     """(timeline, profile) of schedule `name` simulated with `shape`'s costs on `device`."""
     stages = ranks * chunks
-    vocab = name if name in ("vocab-1", "vocab-2") else None
+    vocab = VOCAB_PASSES.get(name)           # v-half-vocab runs Vocab-2's passes
     prof = shape_profile(shape, microbatch, stages, device, tensor_parallel, recompute, vocab,
                          layers_per_stage, ranks=ranks)
     costs = Costs.per_stage(**prof.table)
-    options = {"chunks": chunks} if chunks > 1 else {}
+    options = {"chunks": chunks} if chunks > 1 and name != "v-half-vocab" else {}
     if name == "zb-auto":
         options = {"costs": costs, "memory_limit": memory_limit}
     sched = make_schedule(name, ranks=ranks, microbatches=microbatches, **options)
@@ -72,13 +72,16 @@ def bubble_rate(timeline) -> float:
 
 def per_rank_bytes(timeline, prof: StageProfile, held: float = 1.0) -> list[float]:
     """Each rank's peak bytes: its stages' parameters, gradients and optimizer state, plus its
-    peak count of live microbatch-stages (× `held`) × a stage's activations (the heaviest it
-    holds), plus what a vocabulary pass S keeps for its T (one microbatch's)."""
+    peak of live activations (× `held`), plus what a vocabulary pass S keeps for its T (one
+    microbatch's). The simulator counts live activations in rank units (a microbatch through
+    a rank's worth of layers: a stage of a rank holding v stages counts 1/v), so a unit is
+    v stages' bytes — v × the heaviest stage the rank holds."""
     sched, out = timeline.schedule, []
     for rank, count in sorted(timeline.peak_activations().items()):
         mine = [s for s, owner in enumerate(sched.placement) if owner == rank]
+        unit = len(mine) * max(prof.activation_bytes[s] for s in mine)
         out.append(sum(prof.static_bytes[s] for s in mine) + prof.shard_bytes
-                   + held * count * max(prof.activation_bytes[s] for s in mine))
+                   + held * count * unit)
     return out
 
 
