@@ -353,7 +353,7 @@ def _redistribution_rows(device: Device) -> list[Row]:
     (4k/256k) as a figure, and ours against the abstract's range as a bound."""
     runs = _artifact_runs(4096, 256_000, device)
     measured = ARTIFACT[(4096, 256_000)]
-    rows = []
+    rows, bounds = [], []
     for method in ("vocab-1", "vocab-2"):
         ours = mfu(*runs[method], VOCAB_M) / mfu(*runs["redis"], VOCAB_M) - 1
         paper = measured[method][0] / measured["redis"][0] - 1
@@ -361,11 +361,11 @@ def _redistribution_rows(device: Device) -> list[Row]:
                          ours, 0.05, "MFU over the redistributed 1F1B (exp_one_host.csv's "
                          "blocks per stage), 8 GPUs", "VOCAB full-exp.txt",
                          compare="difference"))
-        rows.append(_row("VOCAB", f"gain of {method} over layer redistribution, in +5%…+51%",
+        bounds.append(_row("VOCAB", f"gain of {method} over layer redistribution, in +5%…+51%",
                          0.51, ours, 0.0, "the abstract's range over its runs: ours, at the "
                          "artifact's 8-GPU 4k/256k point, must lie inside it", "VOCAB abstract",
                          compare="difference", kind="bound", lower=0.05))
-    return rows
+    return rows + bounds
 
 
 def korthikanti_rows() -> list[Row]:
