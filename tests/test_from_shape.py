@@ -188,10 +188,39 @@ def test_check_fails_on_an_unexplained_miss_and_on_a_stale_explanation():
     unexplained = papers.Row("X", "off", 1.0, 1.5, 0.1, "", "")
     explained = papers.Row("X", "off", 1.0, 1.5, 0.1, "", "", gap="the model leaves out Y")
     stale = papers.Row("X", "fine", 1.0, 1.05, 0.1, "", "", gap="no longer true")
-    near_zero = papers.Row("X", "rate", 0.003, 0.02, 0.03, "", "", compare="difference")
+    near_zero = papers.Row("X", "rate", 0.003, 0.02, 0.0, "", "", compare="difference",
+                           abs_tol=0.03)
     assert papers.check([fine, explained, near_zero]) == []
     assert papers.check([unexplained, stale]) == [unexplained, stale]
     assert "the model leaves out Y" in papers.format_table([explained])
+
+
+def test_bounds_are_checked_as_bounds_and_small_rates_can_fail():
+    def bound(ours, lower=0.0):
+        return papers.Row("X", "up to 12%", 0.12, ours, 0.0, "", "", compare="difference",
+                          kind="bound", abs_tol=0.01, lower=lower)
+    assert [bound(x).within for x in (0.05, 0.129, 0.131, 0.0, -0.01)] == \
+        [True, True, False, False, False]
+    assert [bound(x, 0.05).within for x in (0.049, 0.051)] == [False, True]
+    # ZB-2p's published 0.0029: ±0.03 alone accepted 0.0189; 0.005 + 50% does not
+    old = papers.Row("ZB", "ZB-2p", 0.0029, 0.0189, 0.0, "", "", compare="difference",
+                     abs_tol=0.03)
+    new = papers.Row("ZB", "ZB-2p", 0.0029, 0.0189, 0.5, "", "", compare="difference",
+                     abs_tol=0.005)
+    assert old.within and not new.within
+    assert papers.Row("ZB", "ZB-2p", 0.0029, 0.006, 0.5, "", "", compare="difference",
+                      abs_tol=0.005).within
+    with pytest.raises(ValueError, match="kind must be one of"):
+        papers.Row("X", "x", 1.0, 1.0, 0.1, "", "", kind="measured")
+
+
+def test_the_table_labels_every_rows_kind_and_prints_ratios_only_for_ratio_rows():
+    rows = papers.dualpipe_rows() + papers.stp_rows(("H20",))
+    assert {r.kind for r in rows} == {"formula", "bound"}
+    text = papers.format_table(rows)
+    stp = next(line for line in text.splitlines() if line.startswith("STP"))
+    assert " bound " in stp and "0.06" not in stp.split("bound")[1][:40]
+    assert all(len(line) <= 160 for line in text.splitlines())
 
 
 def test_the_papers_table_passes_its_check():

@@ -5,6 +5,7 @@ which the notebook imports: data first, drawing here), and a shape's plan drawn 
 from __future__ import annotations
 
 from ..planner.plan import Plan
+from ..planner.ranked import shown_label
 from ..sim.device import Device
 from ..sim.scale import GIB, interlaced, mfu, per_rank_bytes, simulate_shape
 from ..sim.shape import ModelShape
@@ -81,24 +82,55 @@ def plot_vocab_sweep(table: list[dict], measured: dict | None = None, seq_len: i
     return fig
 
 
-def plot_rows(rows, title: str = "ours (simulated) over the paper's figure (published), per row"):
-    """Each row's ratio ours/published (log scale), its tolerance band, coloured by status."""
+def plot_rows(rows, title: str = "ours (simulated) against the paper (published), per row"):
+    """Two panels, 9.6 in wide (960 px at 100 dpi): the ratio rows as ours / published (log
+    scale) with their tolerance band, and the rows compared by difference (bubble rates,
+    gains, bounds) as ours − published with theirs; coloured by status, a legend for the
+    colours. The misses are drawn too: they are the lesson."""
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
     ratios = [r for r in rows if r.compare == "ratio"]
-    fig, ax = plt.subplots(figsize=(12, 0.2 * len(ratios) + 1.2))
+    diffs = [r for r in rows if r.compare == "difference"]
     colour = {"ok": "#2CA02C", "gap": "#D62728"}
+    fig, (top, bottom) = plt.subplots(
+        2, 1, figsize=(9.6, 0.13 * (len(ratios) + len(diffs)) + 2.4),
+        gridspec_kw={"height_ratios": [len(ratios) + 2, len(diffs) + 2]})
     for k, r in enumerate(ratios):
-        ax.plot([1 - r.tolerance, 1 + r.tolerance], [k, k], "-", color="#DDDDDD", lw=5)
-        ax.plot(r.ratio, k, "o", color=colour.get(r.status, "black"))
-    ax.axvline(1.0, color="black", lw=0.8)
-    ax.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=7.5)
-    ax.set_xscale("log")
-    lo, hi = ax.get_xlim()
+        top.plot([1 - r.rel_tol, 1 + r.rel_tol], [k, k], "-", color="#DDDDDD", lw=4)
+        top.plot(r.ratio, k, "o", ms=4, color=colour.get(r.status, "black"))
+    top.axvline(1.0, color="black", lw=0.8)
+    top.set_yticks(range(len(ratios)), [f"{r.paper}: {r.figure}" for r in ratios], fontsize=6)
+    top.set_xscale("log")
+    lo, hi = top.get_xlim()
     ticks = [t / 10 for t in range(1, 40) if lo <= t / 10 <= hi]
-    ax.set_xticks(ticks, [f"{t:.1f}" for t in ticks])      # plain ratios, not 7×10⁻¹
-    ax.minorticks_off()
-    ax.invert_yaxis()                              # the table's order, top to bottom
-    ax.set(xlabel="ours / published (grey: tolerance; red: outside, explained)", title=title)
+    top.set_xticks(ticks, [f"{t:.1f}" for t in ticks], fontsize=8)    # plain ratios
+    top.minorticks_off()
+    top.invert_yaxis()                             # the table's order, top to bottom
+    top.set_xlabel("ours / published", fontsize=8)
+    top.set_title(title + "\nratio rows", fontsize=10)
+    for k, r in enumerate(diffs):
+        if r.kind == "bound":          # allowed: (lower, published + abs_tol]
+            low = (r.lower if r.lower is not None else r.ours) - r.published
+            band = [low, r.abs_tol]
+        else:
+            band = [-(r.abs_tol + r.rel_tol * abs(r.published)),
+                    r.abs_tol + r.rel_tol * abs(r.published)]
+        bottom.plot(band, [k, k], "-", color="#DDDDDD", lw=4)
+        bottom.plot(r.ours - r.published, k, "o" if r.kind != "bound" else "s", ms=4,
+                    color=colour.get(r.status, "black"))
+    bottom.axvline(0.0, color="black", lw=0.8)
+    bottom.set_yticks(range(len(diffs)), [f"{r.paper}: {r.figure} [{r.kind}]" for r in diffs],
+                      fontsize=6)
+    bottom.tick_params(axis="x", labelsize=8)
+    bottom.invert_yaxis()
+    bottom.set_xlabel("ours − published (bounds: ours − the stated maximum)", fontsize=8)
+    bottom.set_title("rows compared by difference (rates near zero, gains, bounds)", fontsize=10)
+    legend = [Line2D([], [], color="#DDDDDD", lw=4, label="tolerance"),
+              Line2D([], [], marker="o", ls="", color="#2CA02C", label="within tolerance"),
+              Line2D([], [], marker="o", ls="", color="#D62728",
+                     label="outside, explained under the table"),
+              Line2D([], [], marker="s", ls="", color="gray", label="a bound")]
+    bottom.legend(handles=legend, fontsize=7, loc="lower right")
     fig.tight_layout()
     return fig
 
@@ -163,12 +195,15 @@ def plot_plan(plan: Plan, top: int = 12, title: str = ""):
     right.barh(ys, [c.peak_memory / size for c in shown], color=colours)
     right.axvline(plan.budget / size, color="black", ls="--", lw=1,
                   label=f"{plan.budget / size:.0f} {name} a device")
-    left.set_yticks(list(ys), [c.label() for c in shown], fontsize=7)
+    left.set_yticks(list(ys), [shown_label(c) for c in shown], fontsize=7)
     left.invert_yaxis()                                  # fastest on top
-    lo = min(c.step_time for c in shown)
-    left.set_xlim(0.97 * lo, 1.01 * max(c.step_time for c in shown))
-    left.set(xlabel="predicted step time (s; the axis starts near the fastest)",
-             title="step time (simulated)")
+    error = getattr(plan.source, "error", 0.0)
+    if best is not None and error:     # what the model cannot tell from the best
+        left.axvspan(best.step_time, best.step_time * (1 + error), color="#FFE9A8", zorder=0,
+                     label=f"within {error:.0%} of the best: the model's own error")
+        left.legend(fontsize=7, loc="lower right")
+    left.set_xlim(0, 1.05 * max(c.step_time for c in shown))
+    left.set(xlabel="predicted step time (s, from zero)", title="step time (simulated)")
     right.set(xlabel=f"peak memory, fullest rank ({name})",
               title="memory per rank (byte model, simulated)")
     right.legend(fontsize=8)

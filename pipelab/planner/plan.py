@@ -25,7 +25,9 @@ the two kinds of model (the search, the prediction and the ranking are this modu
   `calibrate` (calibrate_custom.py); pipeline and data parallelism only;
 - a `pl.ModelShape` on a `pl.Device` (shaped.py): costs and bytes from closed forms
   (sim/shape.py: FLOPs at the device's speed, Korthikanti's activation bytes per policy, 18
-  bytes a parameter for mixed-precision Adam); tp within a node (`gpus_per_node`).
+  bytes a parameter for mixed-precision Adam, or 6 + 12/dp with `optimizer="zero-1"`, the
+  distributed optimizer); tp within a node (`gpus_per_node`), the pipeline's messages and the
+  data-parallel rings that leave a node on the device's inter-node link.
 
 The mesh axes are pipeline (p), data (dp) and tensor (tp) with p × dp × tp = devices (mesh.py).
 For a config, tp divides the heads and the MLP's hidden width, and runs without recomputation
@@ -65,7 +67,7 @@ from ..schedules import SCHEDULES
 from ..schedules.gcpause import without_gc
 from ..schedules.registry import build as build_schedule
 from ..sim.device import Device
-from ..sim.shape import ModelShape
+from ..sim.shape import OPTIMIZERS as SHAPE_OPTIMIZERS, ModelShape
 from ..sim.simulate import simulate
 
 # The split of each candidate is an exact dynamic program, O(stages × layers²): beyond this
@@ -81,7 +83,8 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
          calibration: Calibration | CustomCalibration | None = None,
          device: Device | None = None, gpus_per_node: int = GPUS_PER_NODE,
          schedules=None, recompute=None, chunks=(2,), microbatches=None,
-         optimizer: str = "adamw", prune: bool = True) -> Plan:
+         optimizer: str = "adamw", prune: bool = True,
+         memory_headroom: float = 0.0) -> Plan:
     """Every candidate for training `model` on `devices` with `memory_per_device` bytes each,
     predicted and ranked by step time. `model`: a `pl.ModelConfig` or a `pl.CustomModel`
     (costs from `calibration`, measured here if not given) or a `pl.ModelShape` (costs from `device`, an A100-80GB unless
@@ -96,7 +99,14 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
     above the best fitting time found: no other candidate can beat it. The others are simulated
     when read (`Candidate.step_time`, `Plan.table`, `frontier`, iteration); what the plan
     says is the exhaustive search's, to the bit. `prune=False`: simulate every candidate at
-    once, reading its memory along its timeline (the reference the tests compare with)."""
+    once, reading its memory along its timeline (the reference the tests compare with).
+
+    `optimizer`: "adamw" (every replica keeps Adam's state) or, for a `pl.ModelShape`,
+    "zero-1" (the distributed optimizer: the state sharded over the dp replicas);
+    "sgd" for a config or a custom model. `memory_headroom` (0 ≤ h < 1): the share of each
+    device's memory kept free for what the byte model does not count (the allocator's
+    fragmentation, the framework's workspace, NCCL's buffers): a candidate fits when its peak
+    is at most (1 − h) × memory_per_device."""
     if not isinstance(prune, bool):
         raise ValueError(f"prune must be True (simulate only what could be best) or False "
                          f"(simulate every candidate), got {prune!r}")
@@ -105,6 +115,10 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
         raise ValueError(f"calibration must be None (measured here) or what pl.calibrate(model) "
                          f"returns, got {type(calibration).__name__} {calibration!r:.60}")
     kind = _kind(model, calibration, device, gpus_per_node, optimizer)
+    if isinstance(memory_headroom, bool) or not isinstance(memory_headroom, (int, float)) \
+            or not 0 <= memory_headroom < 1:
+        raise ValueError(f"memory_headroom must be a share of memory_per_device kept free, "
+                         f"0 <= memory_headroom < 1 (e.g. 0.1), got {memory_headroom!r}")
     schedules, recompute, chunks, microbatches = _check(
         kind, devices, memory_per_device, schedules, recompute, chunks, microbatches)
     batch_size = 8 * devices if batch_size is None else at_most(
@@ -124,7 +138,7 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
         source = CustomPlanned(cal, optimizer)
     else:
         source = ShapedModel(model, Device.named("A100-80GB") if device is None else device,
-                             gpus_per_node)
+                             gpus_per_node, optimizer)
     mesh = list(source.meshes(devices, batch_size))
     if not mesh:
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices} cannot "
@@ -133,15 +147,16 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
                          f"batch_size, tp must {source.tensor_rule}; try a batch_size that "
                          f"more device counts divide, or another number of devices")
     search = _pruned if prune else _exhaustive
+    usable = memory_per_device * (1 - memory_headroom)
     out = search(source, _shapes(source, mesh, schedules, chunks, microbatches, batch_size),
-                 recompute, memory_per_device)
+                 recompute, usable)
     if not out:
         asked = "" if microbatches is None else (
             f" and microbatches={list(microbatches)} (each must divide a replica's "
             f"batch_size / data-parallel degree)")
         raise ValueError(f"no candidate: with batch_size={batch_size}, devices={devices}{asked} "
                          f"no schedule of {list(schedules)} can be built")
-    ranked = Plan(out, source, devices, memory_per_device, batch_size)
+    ranked = Plan(out, source, devices, usable, batch_size, memory_headroom)
     if any(c.fits for c in out):
         ranked.best                # found now, best-first: the rest wait until something reads them
     return ranked
@@ -273,10 +288,10 @@ def _kind(model, calibration, device, gpus_per_node, optimizer) -> type:
             raise ValueError(f"device must be a pl.Device (e.g. pl.Device.named('A100-80GB')), "
                              f"got {type(device).__name__}")
         positive_int("gpus_per_node", gpus_per_node)
-        if optimizer != "adamw":
-            raise ValueError(f"optimizer: a pl.ModelShape's bytes are mixed-precision Adam's "
-                             f"(18 bytes a parameter, sim/shape.py); only 'adamw', got "
-                             f"{optimizer!r}")
+        if optimizer not in SHAPE_OPTIMIZERS:
+            raise ValueError(f"optimizer: a pl.ModelShape's bytes are mixed-precision Adam's, "
+                             f"'adamw' (18 bytes a parameter) or 'zero-1' (its state sharded "
+                             f"over the replicas: 6 + 12/dp), got {optimizer!r}")
         return ShapedModel
     raise ValueError(f"model must be a pl.ModelConfig or a pl.ModelShape (or a "
                      f"pl.CustomModel), got {type(model).__name__}")

@@ -23,7 +23,8 @@ from ..techniques.recompute import with_recompute
 class Plan(list):
     """Candidates ranked by predicted step time (fastest first), fitting or not."""
 
-    def __init__(self, candidates, source, devices: int, budget: float, batch_size: int):
+    def __init__(self, candidates, source, devices: int, budget: float, batch_size: int,
+                 headroom: float = 0.0):
         candidates = list(candidates)
         self._place = {id(c): i for i, c in enumerate(candidates)}   # the search's order
         self._known = sorted((c for c in candidates if c.predicted), key=self._rank)
@@ -36,6 +37,7 @@ class Plan(list):
         self.shape = getattr(source, "shape", None)                  # a shape's plan
         self.device = getattr(source, "device", None)
         self.devices, self.budget, self.batch_size = devices, budget, batch_size
+        self.headroom = headroom        # the share of each device's memory kept free
 
     def _rank(self, c: Candidate) -> tuple:
         return c.step_time, c.peak_memory, self._place[id(c)]
@@ -156,20 +158,45 @@ class Plan(list):
             return self.nothing_fits()
         best, fastest = self.best, self[0]
         name, size = self.source.unit
+        kept = (f", {self.headroom:.0%} of each device kept free" if self.headroom else "")
         head = (f"{best.label()} is predicted fastest of the {fit} of {len(self)} "
                 f"candidates that fit ({best.step_time * 1e3:.2f} ms per step, peak "
-                f"{best.peak_memory / size:.1f} of {self.budget / size:.1f} {name} per device)")
+                f"{best.peak_memory / size:.1f} of {self.budget / size:.1f} {name} per "
+                f"device{kept})")
         if fastest is best:
-            return head + "; memory does not bind: it is the fastest of all."
-        return head + (f"; the faster {fastest.label()} ({fastest.step_time * 1e3:.2f} ms) "
-                       f"does not fit: {fastest.reason}.")
+            text = head + "; memory does not bind: it is the fastest of all."
+        else:
+            text = head + (f"; the faster {fastest.label()} ({fastest.step_time * 1e3:.2f} ms) "
+                           f"does not fit: {fastest.reason}.")
+        assumes = getattr(self.source, "assumes", "")
+        return text + (f" Assumed: {assumes}." if assumes else "")
+
+    def shortlist(self, within: float | None = None) -> list[Candidate]:
+        """The fitting candidates whose predicted step is within `within` (default: the
+        source's own error, `source.error`; 0 where it states none) of the best's: the ones
+        the model cannot tell apart."""
+        within = getattr(self.source, "error", 0.0) if within is None else within
+        best = self.best.step_time
+        return [c for c in self.fitting if c.step_time <= best * (1 + within)]
 
     def table(self, rows: int = 12) -> str:
+        """The first `rows` candidates; p = 1 rows named for what they are (no pipeline: data
+        and tensor parallelism, m gradient-accumulation steps); under it, for a source that
+        states its error, how many fitting candidates it cannot tell from the best."""
         name, size = self.source.unit
-        lines = [f"{'rank':>4}  {'candidate':<52} {'ms/step':>8} {'peak ' + name:>9}  fits",
-                 *(f"{i:>4}  {c.label():<52} {c.step_time * 1e3:8.2f} "
+        shown = [(c, shown_label(c)) for c in self[:rows]]
+        width = max([52] + [len(text) for _, text in shown])
+        lines = [f"{'rank':>4}  {'candidate':<{width}} {'ms/step':>8} {'peak ' + name:>9}  fits",
+                 *(f"{i:>4}  {text:<{width}} {c.step_time * 1e3:8.2f} "
                    f"{c.peak_memory / size:9.2f}  {'yes' if c.fits else 'no'}"
-                   for i, c in enumerate(self[:rows]))]
+                   for i, (c, text) in enumerate(shown))]
+        error = getattr(self.source, "error", None)
+        if error and any(c.fits for c in self._all()):
+            close = self.shortlist()
+            if len(close) > 1:
+                lines.append(f"{len(close)} fitting candidates are within {error:.0%} of the "
+                             f"best's step, the cost model's own error: a shortlist to measure, "
+                             f"not an answer.")
         return "\n".join(lines)
 
     @property
@@ -181,6 +208,16 @@ class Plan(list):
         return f"Plan({len(self)} candidates, {sum(c.fits for c in self._all())} fit)"
 
     __str__ = table
+
+
+def shown_label(c: Candidate) -> str:
+    """The candidate as a table shows it: at p = 1 there is no pipeline, only data and tensor
+    parallelism with m gradient-accumulation steps (its schedule's name says only whether the
+    backward is split into I and W, which costs memory and fills no bubble)."""
+    if c.pipeline > 1:
+        return c.label()
+    return (f"no pipeline (dp={c.data_parallel} × tp={c.tensor}), {c.microbatches} "
+            f"accumulation steps [{c.schedule}], recompute {c.recompute}")
 
 
 def _fits(c: Candidate) -> bool:

@@ -6,8 +6,9 @@ all-reduces on its tensor link, point-to-point messages and the data-parallel gr
 all-reduce (the simulator's ring over `replicas`) on its pipeline link. Recomputation's FLOPs
 are charged to the input-gradient pass I (no separate R action), as shape.py charges them.
 
-Bytes: static — parameters, gradients and optimizer state, `BYTES_PER_PARAMETER` (18: mixed
-precision Adam) a parameter of each stage a rank holds; activations — Korthikanti et al.'s
+Bytes: static — parameters, gradients and optimizer state, 18 bytes a parameter (mixed
+precision Adam: bf16 weights, fp32 gradients, fp32 master weights and two moments) or, with
+`optimizer="zero-1"` (Megatron's distributed optimizer), 6 + 12/dp, of each stage a rank holds; activations — Korthikanti et al.'s
 closed form per block for the policy, kept by a forward and released by the backward, all by
 the weight-gradient pass W when the backward is split (the simulator's `i_frees=0`, the
 zero-bubble paper's count); the vocabulary schedules' shard (`shard_bytes`) kept from S to T.
@@ -16,7 +17,10 @@ as Korthikanti's per-layer count leaves it out.
 
 Tensor parallelism stays inside a node: tp divides `gpus_per_node` (its groups tile the nodes,
 their all-reduces on the device's tensor link), and the heads, the hidden size and the MLP
-width. Every tp runs every recomputation policy (Megatron does); with tp > 1 activations are
+width. Ranks are laid out as Megatron orders them — tp fastest, then dp, then the pipeline
+(`crossings`) — so once the devices fill more than a node the pipeline's messages cross
+nodes, and a data-parallel ring does unless its tp × dp ranks tile a node; what crosses pays
+the device's inter-node link (`Device.inter_node_*`), everything else its NVLink. Every tp runs every recomputation policy (Megatron does); with tp > 1 activations are
 split by sequence parallelism too.
 """
 from __future__ import annotations
@@ -27,27 +31,40 @@ from ..sim.costs import Costs
 from ..sim.device import Device
 from ..sim.flops import RECOMPUTE_POLICIES
 from ..sim.partition import balanced_bounds
-from ..sim.shape import ModelShape, shape_profile
+from ..sim.shape import VOCAB_PASSES, ModelShape, bytes_per_parameter, shape_profile
 from .candidate import GB, Candidate
 from .mesh import meshes
 
 SHAPE_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "zb-h2", "zb-v", "v-half",
                    "v-min", "vocab-1", "vocab-2", "v-half-vocab")
-# Whose vocabulary passes a schedule runs: V-Half's (one barrier) are Vocab-2's.
-VOCAB_PASSES = {"vocab-1": "vocab-1", "vocab-2": "vocab-2", "v-half-vocab": "vocab-2"}
 GPUS_PER_NODE = 8          # an HGX/DGX node: where NVLink reaches
 
 
+def crossings(p: int, dp: int, tp: int, gpus_per_node: int) -> tuple[bool, bool]:
+    """(the pipeline's messages, the data-parallel ring) cross nodes? Ranks in Megatron's
+    order: tp fastest, then dp, then the pipeline, so pipeline neighbours are tp × dp ranks
+    apart, and a replica group spans tp × dp consecutive ranks."""
+    if p * dp * tp <= gpus_per_node:
+        return False, False                         # one node holds them all
+    return p > 1, dp > 1 and gpus_per_node % (tp * dp) != 0
+
+
 class ShapedModel:
-    """A GPT of `shape` on `device`s, `gpus_per_node` to a node."""
+    """A GPT of `shape` on `device`s, `gpus_per_node` to a node, its optimizer state kept
+    whole ("adamw") or sharded over the replicas ("zero-1")."""
     schedules = SHAPE_SCHEDULES
     policy_names = RECOMPUTE_POLICIES
     recompute_actions = False         # shape.py charges recomputation to I
     unit = ("GB", GB)
     tensor_rule = "divide gpus_per_node (a node), the heads, the hidden size and the MLP's width"
 
-    def __init__(self, shape: ModelShape, device: Device, gpus_per_node: int = GPUS_PER_NODE):
+    error = 0.10          # the cost model's own error on a step, as the papers' rows bound it
+
+    def __init__(self, shape: ModelShape, device: Device, gpus_per_node: int = GPUS_PER_NODE,
+                 optimizer: str = "adamw"):
         self.shape, self.device, self.gpus_per_node = shape, device, gpus_per_node
+        bytes_per_parameter(optimizer)              # refuses an unknown optimizer by name
+        self.optimizer = optimizer
         # A block's and the output layer's F + I + W, for balancing stages (per microbatch
         # row; both scale alike with rows and tensor shards).
         probe = shape_profile(shape, 1, 2, device, layers_per_stage=[shape.layers, 0]).table
@@ -58,6 +75,19 @@ class ShapedModel:
         self._blocks: dict = {}         # id(a split) -> (it, blocks per stage)
         self._models: dict = {}
         self._costs: dict = {}
+
+    @property
+    def assumes(self) -> str:
+        """What the plan's bytes and links assume, in words (the plan's explanation says it)."""
+        state = ("ZeRO-1 (the distributed optimizer): 6 + 12/dp bytes a parameter (bf16 "
+                 "weights and fp32 gradients whole, fp32 master weights and Adam's moments "
+                 "sharded over dp)" if self.optimizer == "zero-1" else
+                 "no optimizer sharding: 18 bytes a parameter (bf16 weights 2, fp32 gradients "
+                 "4, fp32 master weights 4, Adam's moments 8)")
+        d = self.device
+        inter = d.link(inter_node=True)[1]
+        return (f"{state}; links: {d.link_bandwidth / 1e9:g} GB/s inside a node of "
+                f"{self.gpus_per_node}, {inter / 1e9:g} GB/s between nodes")
 
     def max_stages(self, vocab: bool) -> int:
         """Every stage holds a block; without vocabulary parallelism the first and last may
@@ -95,10 +125,12 @@ class ShapedModel:
         """shape_profile for the candidate: its blocks per stage, microbatch, tp, policy."""
         key = self._profiled(c)
         if key not in self._profiles:
-            rows, blocks, tensor, policy, passes, ranks = key
+            rows, blocks, tensor, policy, passes, ranks, dp, (pipe, data) = key
             self._profiles[key] = shape_profile(self.shape, rows, len(blocks), self.device,
                                                 tensor, policy, passes, list(blocks),
-                                                ranks=ranks)
+                                                ranks=ranks, optimizer=self.optimizer,
+                                                data_parallel=dp, pipeline_inter_node=pipe,
+                                                data_inter_node=data)
         return self._profiles[key]
 
     def _profiled(self, c: Candidate) -> tuple:
@@ -108,7 +140,10 @@ class ShapedModel:
             n = self.shape.layers
             split = self._blocks[id(c.bounds)] = c.bounds, tuple(
                 min(b, n + 1) - max(a, 1) for a, b in c.bounds)
-        return c.rows, split[1], c.tensor, c.recompute, VOCAB_PASSES.get(c.schedule), c.pipeline
+        sharded = c.data_parallel if self.optimizer == "zero-1" else 1   # bytes depend on dp
+        return (c.rows, split[1], c.tensor, c.recompute, VOCAB_PASSES.get(c.schedule),
+                c.pipeline, sharded,
+                crossings(c.pipeline, c.data_parallel, c.tensor, self.gpus_per_node))
 
     def model(self, c: Candidate, sched) -> tuple[Costs, list[float], dict]:
         """(stage costs, static bytes per rank, byte rule → [(added, released)] per stage)."""

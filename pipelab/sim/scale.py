@@ -14,10 +14,11 @@ blocks (fractionally) so every stage costs the same with the output layer on the
 from __future__ import annotations
 
 from ..schedules import schedule as make_schedule
-from ..schedules.kinds import comm_kinds
+from ..model.memory_rules import FREES, FREES_STASH, KEEPS
+from ..schedules.kinds import byte_rules, comm_kinds
 from .costs import Costs
 from .device import Device
-from .shape import ModelShape, StageProfile, shape_profile
+from .shape import VOCAB_PASSES, ModelShape, StageProfile, shape_profile
 from .simulate import simulate
 
 GIB = 2 ** 30     # Megatron's memory report divides by 1024³
@@ -43,12 +44,13 @@ def simulate_shape(name: str, shape: ModelShape, ranks: int, microbatches: int,
                    layers_per_stage=None, recompute=None, memory_limit=None,
                    tensor_parallel: int = 1):
     """(timeline, profile) of schedule `name` simulated with `shape`'s costs on `device`."""
+    chunks = 2 if name == "v-half-vocab" else chunks      # a V: two stages a rank, always
     stages = ranks * chunks
-    vocab = name if name in ("vocab-1", "vocab-2") else None
+    vocab = VOCAB_PASSES.get(name)           # v-half-vocab runs Vocab-2's passes
     prof = shape_profile(shape, microbatch, stages, device, tensor_parallel, recompute, vocab,
                          layers_per_stage, ranks=ranks)
     costs = Costs.per_stage(**prof.table)
-    options = {"chunks": chunks} if chunks > 1 else {}
+    options = {"chunks": chunks} if chunks > 1 and name != "v-half-vocab" else {}
     if name == "zb-auto":
         options = {"costs": costs, "memory_limit": memory_limit}
     sched = make_schedule(name, ranks=ranks, microbatches=microbatches, **options)
@@ -72,13 +74,23 @@ def bubble_rate(timeline) -> float:
 
 def per_rank_bytes(timeline, prof: StageProfile, held: float = 1.0) -> list[float]:
     """Each rank's peak bytes: its stages' parameters, gradients and optimizer state, plus its
-    peak count of live microbatch-stages (× `held`) × a stage's activations (the heaviest it
-    holds), plus what a vocabulary pass S keeps for its T (one microbatch's)."""
-    sched, out = timeline.schedule, []
-    for rank, count in sorted(timeline.peak_activations().items()):
-        mine = [s for s, owner in enumerate(sched.placement) if owner == rank]
-        out.append(sum(prof.static_bytes[s] for s in mine) + prof.shard_bytes
-                   + held * count * max(prof.activation_bytes[s] for s in mine))
+    peak of live activations (× `held`), plus what a vocabulary pass S keeps for its T (one
+    microbatch's). The activations are walked along the rank's events in bytes — a forward
+    keeps its stage's, the pass that frees them (W, or a full B) releases them — so a rank
+    holding two stages counts each stage's own bytes (the simulator's rank units would not)."""
+    sched, rules, out = timeline.schedule, byte_rules(), []
+    for rank in range(timeline.ranks):
+        live = peak = 0.0
+        for e in sorted((e for e in timeline.events if e.rank == rank), key=lambda e: e.start):
+            for part in e.action.parts:
+                rule = rules.get(part.kind)
+                if rule == KEEPS:
+                    live += prof.activation_bytes[part.stage]
+                    peak = max(peak, live)
+                elif rule in (FREES, FREES_STASH):
+                    live -= prof.activation_bytes[part.stage]
+        out.append(sum(prof.static_bytes[s] for s in sched.stages_of(rank)) + prof.shard_bytes
+                   + held * peak)
     return out
 
 

@@ -17,7 +17,13 @@ through memory (`HEAD_PASSES`). Communication: one bf16 activation per point-to-
 on the pipeline link (`comm`), and per pass of a stage its blocks' tensor-parallel all-reduces
 (`tp_allreduce`, two per block) on the tensor link. Recomputation runs just before a backward,
 so its FLOPs are charged to I. Memory per stage: parameters, gradients and optimizer state
-(`BYTES_PER_PARAMETER`), and one microbatch's activations (Korthikanti et al.'s byte model).
+(`bytes_per_parameter`: 18 a parameter, or 6 + 12/dp with `optimizer="zero-1"`), and one
+microbatch's activations (Korthikanti et al.'s byte model).
+
+Links: every message and all-reduce is on the device's pipeline link unless the profile is told
+that the pipeline's messages (`pipeline_inter_node`) or the data-parallel ring
+(`data_inter_node`) cross nodes; those then pay the device's inter-node link (the planner
+decides which do, planner/shaped.py).
 """
 from __future__ import annotations
 
@@ -29,9 +35,17 @@ from .flops import (RECOMPUTE_POLICIES, head_flops, layer_activation_bytes, laye
                     layer_parameters, model_flops, recompute_flops)
 
 VOCAB_SCHEDULES = ("vocab-1", "vocab-2")
+# Whose vocabulary passes a schedule runs: V-Half's (one barrier) are Vocab-2's.
+VOCAB_PASSES = {"vocab-1": "vocab-1", "vocab-2": "vocab-2", "v-half-vocab": "vocab-2"}
 # Mixed-precision Adam as Megatron keeps it: bf16 weights (2), fp32 gradients (4), fp32 master
-# weights and two moments (12) — Rajbhandari et al. (ZeRO, 2020) count 16 with bf16 gradients.
+# weights (4) and two fp32 moments (8) — Rajbhandari et al. (ZeRO, 2020) count 16, their
+# gradients in fp16 (2). Megatron's distributed optimizer (ZeRO-1) shards the master weights
+# and moments over the data-parallel replicas: 6 + 12/dp (Megatron-LM's docs, "Distributed
+# Optimizer", table for bf16 parameters with fp32 gradients).
 BYTES_PER_PARAMETER = 18
+WEIGHT_AND_GRADIENT = 6        # bf16 weights + fp32 gradients: what every replica keeps whole
+OPTIMIZER_STATE = 12           # fp32 master weights + Adam's two moments: what ZeRO-1 shards
+OPTIMIZERS = ("adamw", "zero-1")
 ACTIVATION = 2            # bytes per element sent between stages (bf16)
 LOGIT = 4                 # the output layer's logits and softmax are fp32 (Megatron, the vocab code)
 # Passes over the b·s·V fp32 logits that softmax cross-entropy makes (write the logits; read
@@ -86,6 +100,42 @@ class StageProfile:
     tensor_parallel: int = 1                # shards of each stage (MFU counts every device)
 
 
+def bytes_per_parameter(optimizer: str = "adamw", data_parallel: int = 1) -> float:
+    """Static bytes a parameter keeps: 18 for mixed-precision Adam ("adamw"), 6 + 12/dp when
+    the optimizer state is sharded over `data_parallel` replicas ("zero-1")."""
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer must be one of {OPTIMIZERS} ('adamw': every replica "
+                         f"keeps Adam's state, 18 bytes a parameter; 'zero-1': the distributed "
+                         f"optimizer, 6 + 12/dp), got {optimizer!r}")
+    positive_int("data_parallel", data_parallel)
+    if optimizer == "adamw":
+        return float(BYTES_PER_PARAMETER)
+    return WEIGHT_AND_GRADIENT + OPTIMIZER_STATE / data_parallel
+
+
+def gradient_traffic(optimizer: str = "adamw") -> float:
+    """Bytes a parameter the data-parallel collective moves, as a ring all-reduce of this
+    many bytes would: Adam all-reduces its fp32 gradients (4); ZeRO-1 reduce-scatters them
+    (4·(n−1)/n) and all-gathers the updated bf16 weights (2·(n−1)/n), 6·(n−1)/n in all — an
+    all-reduce's 2·(n−1)/n of 3 bytes."""
+    return 4.0 if optimizer == "adamw" else 3.0
+
+
+def check_vocabulary_costs(schedule, costs) -> None:
+    """Refuse to simulate a vocabulary schedule on costs in seconds that give its vocabulary
+    passes no time (a shape's costs made without `vocab_schedule=`): the head would stay whole
+    on the last stage and the passes S and T cost nothing — 1F1B's makespan, silently."""
+    name = getattr(schedule, "name", "").split(" ")[0]
+    if name not in VOCAB_PASSES or costs.unit != "s" or costs.per_action is not None:
+        return
+    if not {"S", "T"} & set(costs.kinds):
+        raise ValueError(
+            f"schedule {name!r} shards the output layer into vocabulary passes S and T, but "
+            f"these costs (in seconds) give them no time: make the costs with "
+            f"vocab_schedule={VOCAB_PASSES[name]!r} (pl.Costs.from_shape(..., vocab_schedule="
+            f"...), or sim/scale.simulate_shape), or give kinds={{'S': ..., 'T': ...}}")
+
+
 def default_layers(layers: int, stages: int, ends: bool = True) -> list[int]:
     """Blocks per stage, as even as whole blocks allow; the remainder goes to the middle
     stages first, so the first and last stages (which hold the embedding and the output layer)
@@ -122,10 +172,16 @@ def _check_layout(layers_per_stage, shape: ModelShape, stages: int, vocab: bool)
 def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Device | None = None,
                   tensor_parallel: int = 1, recompute: str | None = None,
                   vocab_schedule: str | None = None, layers_per_stage=None,
-                  sequence_parallel: bool = True, ranks: int | None = None) -> StageProfile:
+                  sequence_parallel: bool = True, ranks: int | None = None,
+                  optimizer: str = "adamw", data_parallel: int = 1,
+                  pipeline_inter_node: bool = False,
+                  data_inter_node: bool = False) -> StageProfile:
     """Per-stage costs and bytes of `shape` cut into `stages` on `device` (see the module's
     docstring). `ranks` (default `stages`) is how many processes share the vocabulary under a
-    vocabulary schedule."""
+    vocabulary schedule; `optimizer` and `data_parallel` set the static bytes
+    (`bytes_per_parameter`) and the data-parallel collective's traffic; `pipeline_inter_node`
+    and `data_inter_node` put the pipeline's messages and the data-parallel ring on the
+    device's link between nodes."""
     if not isinstance(shape, ModelShape):
         raise ValueError(f"shape must be a pl.ModelShape, got {type(shape).__name__}")
     boolean("sequence_parallel", sequence_parallel)
@@ -147,6 +203,11 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
         raise ValueError(f"tensor_parallel ({t}) must divide heads ({shape.heads}) and hidden "
                          f"({shape.hidden}): each shard holds whole heads")
     ranks = stages if ranks is None else positive_int("ranks", ranks)
+    per_parameter = bytes_per_parameter(optimizer, data_parallel)
+    for name, value in (("pipeline_inter_node", pipeline_inter_node),
+                        ("data_inter_node", data_inter_node)):
+        if not isinstance(value, bool):
+            raise ValueError(f"{name} must be True or False, got {value!r}")
     vocab = vocab_schedule is not None
     layout = _check_layout(layers_per_stage, shape, stages, vocab)
 
@@ -169,7 +230,8 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
     message = b * s * h * ACTIVATION / (t if sequence_parallel else 1)
     block_tp = device.allreduce_time(b * s * h * ACTIVATION, t, tensor=True)
     tp = [n * 2 * block_tp for n in layout]
-    kinds = _vocab_kinds(shape, b, t, ranks, device, vocab_schedule) if vocab else {}
+    kinds = _vocab_kinds(shape, b, t, ranks, device, vocab_schedule,
+                         pipeline_inter_node) if vocab else {}
 
     per_layer = layer_parameters(h, f, t)
     shard_table = V * h / t                               # one vocabulary table, on one TP shard
@@ -188,16 +250,17 @@ def shape_profile(shape: ModelShape, microbatch: int, stages: int, device: Devic
     if not vocab:               # the output layer keeps its input and the fp32 softmax
         acts[-1] += b * s * h * ACTIVATION + logits
     shard = (b * s * h + b * s * V / (ranks * t)) * LOGIT if vocab else 0.0
-    table = dict(F=F, I=I, W=W, comm=device.p2p_time(message), unit="s",
+    latency, bandwidth = device.link(data_inter_node)       # the data-parallel ring's
+    table = dict(F=F, I=I, W=W, comm=device.p2p_time(message, pipeline_inter_node), unit="s",
                  tp_allreduce=tp if t > 1 else 0.0, kinds=kinds,
-                 parameter_bytes=[p * 4 for p in params],      # fp32 gradients reduced
-                 bandwidth=device.link_bandwidth, latency=device.link_latency)
-    return StageProfile(table, layout, acts, [p * BYTES_PER_PARAMETER for p in params], shard,
+                 parameter_bytes=[p * gradient_traffic(optimizer) for p in params],
+                 bandwidth=bandwidth, latency=latency)
+    return StageProfile(table, layout, acts, [p * per_parameter for p in params], shard,
                         model_flops(h, shape.layers, s, V, b, f), device, t)
 
 
 def _vocab_kinds(shape: ModelShape, b: int, t: int, ranks: int, device: Device,
-                 schedule: str) -> dict[str, float]:
+                 schedule: str, inter_node: bool = False) -> dict[str, float]:
     """Costs of the vocabulary passes on one of `ranks` shards (schedules/vocab.py's kinds).
     S: the shard's logits (2bshV/p), and under Vocab-2 also P_r·W_r for the fused barrier;
     T: dW_r, and under Vocab-1 also dX_r; both stream the shard's fp32 logits (HEAD_PASSES).
@@ -212,7 +275,7 @@ def _vocab_kinds(shape: ModelShape, b: int, t: int, ranks: int, device: Device,
     two = schedule == "vocab-2"
 
     def reduce(nbytes: float) -> float:
-        return device.allreduce_time(nbytes, ranks)
+        return device.allreduce_time(nbytes, ranks, inter_node=inter_node)
 
     return {"S": device.compute_time(gemm * (2 if two else 1))
             + device.memory_time(HEAD_PASSES[0] * logits),
@@ -228,9 +291,13 @@ def shape_table(hidden: int, layers: int, heads: int, seq_len: int, vocab: int, 
                 stages: int, device: Device | None = None, tensor_parallel: int = 1,
                 recompute: str | None = None, vocab_schedule: str | None = None,
                 layers_per_stage=None, ffn: int | None = None,
-                sequence_parallel: bool = True) -> dict:
+                sequence_parallel: bool = True, optimizer: str = "adamw",
+                data_parallel: int = 1) -> dict:
     """`pl.Costs.from_shape`'s table: `Costs.per_stage` arguments for a GPT of this shape cut
-    into `stages` (the device defaults to an A100-40GB). `shape_profile` gives its bytes too."""
+    into `stages` (the device defaults to an A100-40GB). `shape_profile` gives its bytes too;
+    `optimizer="zero-1"` over `data_parallel` replicas moves 3 bytes a parameter's worth of
+    all-reduce (`gradient_traffic`) instead of 4."""
     shape = ModelShape(hidden, layers, heads, seq_len, vocab, ffn)
     return shape_profile(shape, microbatch, stages, device, tensor_parallel, recompute,
-                         vocab_schedule, layers_per_stage, sequence_parallel).table
+                         vocab_schedule, layers_per_stage, sequence_parallel,
+                         optimizer=optimizer, data_parallel=data_parallel).table

@@ -17,6 +17,7 @@ from ..schedules.actions import Action
 from ..schedules.gcpause import without_gc
 from ..schedules.graph import step_times, times_in_waves
 from ..schedules.kinds import KIND_SPECS, unit_effects
+from .shape import check_vocabulary_costs
 from .timeline import Event, Timeline
 from .tensor_overlap import TP_REDUCE, data_edge, step_time
 
@@ -38,6 +39,7 @@ def simulate(schedule, costs: Costs | None = None, *, i_frees: float = 0.0,
         raise ValueError(f"schedule must be a pl.Schedule, got {type(schedule).__name__}")
     if not 0.0 <= i_frees <= 1.0:
         raise ValueError(f"i_frees must be between 0 and 1, got {i_frees}")
+    check_vocabulary_costs(schedule, costs)   # a vocabulary schedule needs its passes costed
     order = schedule.execution_order()     # validates (once per unchanged schedule)
     costs = costs.for_schedule(schedule)   # a rank's worth divided over the stages (costs.py)
     if costs.replicas is None and getattr(schedule, "data_parallel", 1) > 1:
