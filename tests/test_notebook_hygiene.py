@@ -5,6 +5,8 @@ asks the reader to predict before it shows (at least two predict-then-check ques
 Also the reference pages: every file, test and link `docs/*.md` cites exists."""
 from __future__ import annotations
 
+import ast
+import copy
 import json
 import re
 import subprocess
@@ -185,3 +187,167 @@ def test_docs_cite_tests_that_exist():
                     not re.search(rf"^def {name}\(", source.read_text(), re.M):
                 unknown.append(f"{doc.name}: {current}::{name}")
     assert not unknown, f"docs cite tests that do not exist: {unknown}"
+
+
+# --- the entry notebook's table and the pointers between chapters ------------------------------
+
+WELCOME = ROOT / "notebooks" / "00_welcome.ipynb"
+NOTEBOOK_LINK = re.compile(r"\]\(\s*<?([\w./-]+\.ipynb)>?\s*\)")
+
+
+def listed_in_welcome() -> set[str]:
+    """The notebook files 00's chapter table links ("| [05](05_zero_bubble.ipynb) | ... |")."""
+    table = [c for c in cells(WELCOME) if c["cell_type"] == "markdown"
+             and text_of(c).lstrip().startswith("## What's next")]
+    assert len(table) == 1, "00 has one 'What's next' cell holding the chapter table"
+    return {name.split("/")[-1] for line in text_of(table[0]).splitlines()
+            if line.lstrip().startswith("|") for name in NOTEBOOK_LINK.findall(line)}
+
+
+def test_welcome_lists_every_notebook():
+    """00's table and the notebook files are the same set: a chapter added without a row, or a
+    row whose file is gone, fails. (Chapter 16 is listed before it is merged: until then this
+    test names it as listed but missing.)"""
+    files = {p.name for p in NOTEBOOKS} - {WELCOME.name}
+    listed = listed_in_welcome()
+    assert listed == files, (f"00's chapter table and notebooks/ differ: not listed "
+                             f"{sorted(files - listed)}, listed but missing {sorted(listed - files)}")
+
+
+def pointer_to(text: str, successor: str) -> bool:
+    """Whether `text` names the next notebook's file (a link or the bare file name)."""
+    return re.search(rf"(?<![\w]){re.escape(successor)}(?![\w])", text) is not None
+
+
+def test_pointer_check_needs_the_file_name():
+    assert pointer_to("Next, [06](06_bidirectional.ipynb): Chimera.", "06_bidirectional.ipynb")
+    assert not pointer_to("Notebook 06 turns to bidirectional pipelines.", "06_bidirectional.ipynb")
+    assert not pointer_to("see 106_bidirectional.ipynb", "06_bidirectional.ipynb")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS[:-1], ids=lambda p: p.name)
+def test_each_chapter_ends_with_a_pointer_to_the_next(path):
+    """The last markdown cell of every notebook but the last names the next notebook's file, so
+    a reader (and Jupyter's link) goes on in order."""
+    successor = NOTEBOOKS[NOTEBOOKS.index(path) + 1].name
+    last = [text_of(c) for c in cells(path) if c["cell_type"] == "markdown"][-1]
+    assert pointer_to(last, successor), (f"{path.name}'s last markdown cell does not point to "
+                                         f"the next chapter, {successor}")
+
+
+# --- asserts that compare a value with what defined it ------------------------------------------
+
+def _code(text: str) -> str:
+    """A cell's source with IPython's magics and shell lines commented out, so `ast` parses it."""
+    return "\n".join("#" + line if line.lstrip().startswith(("%", "!")) else line
+                     for line in text.splitlines())
+
+
+def _literal_only(node: ast.AST) -> bool:
+    """Arithmetic on literals alone: a value no computation can change."""
+    if isinstance(node, ast.Constant):
+        return isinstance(node.value, (int, float, complex)) and not isinstance(node.value, bool)
+    if isinstance(node, ast.UnaryOp):
+        return _literal_only(node.operand)
+    if isinstance(node, ast.BinOp):
+        return _literal_only(node.left) and _literal_only(node.right)
+    return False
+
+
+def _has_call(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Call) for n in ast.walk(node))
+
+
+class _Substitute(ast.NodeTransformer):
+    """Replaces names with the expressions a cell assigned them (one level deep)."""
+
+    def __init__(self, defined: dict[str, ast.expr]):
+        self.defined = defined
+
+    def visit_Name(self, node: ast.Name) -> ast.AST:
+        return self.defined.get(node.id, node)
+
+
+def definitional_asserts(code: str) -> list[str]:
+    """Asserts that hold by construction, found in one cell's code:
+
+    - two sides of a comparison that are the same expression without a call (`x == x`; two
+      calls written out, `f() == f()`, stay: that is a determinism check);
+    - a name compared with the very expression the cell assigned it (`a = f(b)` … `assert a ==
+      f(b)`), unless the cell changes it in between (augmented assignment, a method call on it);
+    - a comparison of literals alone once the cell's own assignments are put in (`k = 2 + 2`
+      … `assert 3 * k == 12`): arithmetic on constants, true whatever the library does.
+
+    Returns 'line N: source' for each."""
+    tree = ast.parse(_code(code))
+    assigned: dict[str, list[tuple[int, ast.expr]]] = {}
+    touched: dict[str, list[int]] = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            assigned.setdefault(node.targets[0].id, []).append((node.lineno, node.value))
+        elif isinstance(node, ast.Assign):          # a = b = expr, tuples, subscripts: changes
+            for target in node.targets:
+                for name in ast.walk(target):
+                    if isinstance(name, ast.Name):
+                        touched.setdefault(name.id, []).append(node.lineno)
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For)):
+            for name in ast.walk(node.target):
+                if isinstance(name, ast.Name):
+                    touched.setdefault(name.id, []).append(node.lineno)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                and isinstance(node.func.value, ast.Name):
+            touched.setdefault(node.func.value.id, []).append(node.lineno)
+
+    def definition(name: str, line: int) -> ast.expr | None:
+        before = [(n, value) for n, value in assigned.get(name, []) if n < line]
+        if not before:
+            return None
+        at, value = before[-1]
+        if any(at < t < line for t in touched.get(name, [])):
+            return None
+        return value
+
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Assert) and isinstance(node.test, ast.Compare)):
+            continue
+        sides = [node.test.left, *node.test.comparators]
+        names = {n.id for side in sides for n in ast.walk(side) if isinstance(n, ast.Name)}
+        defined = {n: d for n in names if (d := definition(n, node.lineno)) is not None}
+        dumps = [ast.dump(side) for side in sides]
+        same = any(dumps[i] == dumps[j] and not _has_call(sides[i])
+                   for i in range(len(sides)) for j in range(i + 1, len(sides)))
+        restated = any(isinstance(side, ast.Name) and side.id in defined
+                       and ast.dump(defined[side.id]) == other
+                       for side in sides for other in dumps if other != ast.dump(side))
+        folded = [_Substitute({n: d for n, d in defined.items() if _literal_only(d)})
+                  .visit(copy.deepcopy(side)) for side in sides]
+        constant = all(_literal_only(side) for side in folded)
+        if same or restated or constant:
+            found.append(f"line {node.lineno}: {ast.get_source_segment(_code(code), node)}")
+    return found
+
+
+def test_definitional_asserts_are_caught():
+    assert definitional_asserts("x = f(1)\nassert x == x")
+    assert definitional_asserts("a = simulate(s).makespan\nassert a == simulate(s).makespan")
+    assert definitional_asserts("bytes_per = 2 + 2 + 3 * 4\nassert 7.5e9 * bytes_per == 120e9")
+    assert definitional_asserts("%matplotlib inline\nassert 2 * 3 == 6")
+
+
+def test_independent_asserts_are_not_flagged():
+    ok = ("a = simulate(s).makespan\nassert a == (m + p - 1) * 3 == 33\n"        # a closed form
+          "assert train(cfg) == train(cfg)\n"                                      # determinism
+          "k = 2 + 2\nk += 1\nassert k == 5\n"                                     # changed on the way
+          "runs = []\nruns.append(1)\nassert runs == []\n"                         # mutated
+          "for F in (1, 2):\n    assert F * 3 == 3 * F + 0 or True\n"             # loop variable
+          "bpp = 2 * half + K\nassert 7.5e9 * bpp == 120e9\n")                    # measured sizes
+    assert definitional_asserts(ok) == []
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
+def test_no_assert_compares_a_value_with_what_defined_it(path):
+    found = [f"cell {i} {hit}" for i, c in enumerate(cells(path)) if c["cell_type"] == "code"
+             for hit in definitional_asserts(text_of(c))]
+    assert not found, f"{path.name}: asserts that hold by construction: {found}"

@@ -239,7 +239,8 @@ class Verdict:
 
     @property
     def interval(self) -> tuple[float, float]:
-        """Low and high end of the per-round ratios (extremes dropped from 5 rounds on)."""
+        """Low and high end of the per-round ratios (every round below 7 rounds; from 7 on, the
+        extreme round on each side dropped)."""
         return _interval(self.ratios)
 
     @property
