@@ -38,7 +38,7 @@ def draw_shards(cfg: ModelConfig, size: int):
     import matplotlib.pyplot as plt
     from matplotlib.colors import ListedColormap
     mats = owners(cfg, size)
-    fig, axes = plt.subplots(1, 4, figsize=(11, 3.2), width_ratios=[1, 1, 1, 2.2])
+    fig, axes = plt.subplots(1, 4, figsize=(9.6, 3.2), width_ratios=[1, 1, 1, 2.2])
     cmap = ListedColormap(plt.get_cmap("tab10").colors[:size])
     for ax, (name, owner) in zip(axes, mats.items()):
         ax.imshow(owner, cmap=cmap, vmin=-0.5, vmax=size - 0.5, aspect="auto",
