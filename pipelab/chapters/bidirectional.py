@@ -109,7 +109,7 @@ def plot_memory_table(rows: list[dict], title: str = ""):
     exactly `rows` (from `memory_table`)."""
     import matplotlib.pyplot as plt
     shown = [r for r in rows if not r.get("error")]
-    fig, axes = plt.subplots(1, 3, figsize=(12, 0.5 + 0.45 * len(shown)), sharey=True)
+    fig, axes = plt.subplots(1, 3, figsize=(9.6, 0.9 + 0.45 * len(shown)), sharey=True)   # ~960 px
     y = range(len(shown))
     panels = [("bubble (% of the makespan)", [100 * r["bubble"] for r in shown], "#8c8c8c"),
               ("peak activations, busiest rank\n(microbatches × a rank's layers)",

@@ -27,7 +27,8 @@ from ..sim.partition import Partition, balanced_bounds
 from ..schedules import Schedule, schedule as make_schedule
 from ..sim.costs import Costs
 from ..sim.simulate import simulate
-from ..techniques.vocab import parameter_bytes, shard_forward, shard_softmax_grad, rescaled_sum
+from ..techniques.vocab import (parameter_bytes, rescaled_sum, shard_forward, shard_rows,
+                                shard_softmax_grad, shifted_target)
 from ..views.plots import KIND_COLOURS
 from ..support.threads import one_thread
 from ..schedules.kinds import KIND_SPECS
@@ -292,7 +293,7 @@ def plot_methods(rows: list[dict], source: str, axes=None, memory_source: str | 
     memory came from elsewhere (a live run's activation meter)."""
     import matplotlib.pyplot as plt
     if axes is None:
-        _fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+        _fig, axes = plt.subplots(1, 2, figsize=(9.4, 3.4))
     ranks = rows[0]["ranks"]
     width = 0.8 / len(rows)
     for k, row in enumerate(rows):
@@ -300,8 +301,10 @@ def plot_methods(rows: list[dict], source: str, axes=None, memory_source: str | 
         axes[0].bar(xs, [b * 1e3 for b in row["busy"]], width, label=row["method"])
         axes[1].bar(xs, [m / 2**20 for m in row["memory"]], width, label=row["method"])
     for ax, what in zip(axes, ("busy time per step (ms)", "peak memory (MiB)")):
-        ax.set_xticks(range(ranks), [f"rank {r}" for r in range(ranks)])
-        ax.set_ylabel(what)
+        # bare rank numbers under an axis label: "rank 0" … "rank 7" touch at p = 8
+        ax.set_xticks(range(ranks), [str(r) for r in range(ranks)], fontsize=8)
+        ax.set_xlabel("rank", fontsize=9)
+        ax.set_ylabel(what, fontsize=9)
     axes[0].set_title(f"compute per rank, p={ranks}\n({source})", fontsize=10)
     axes[1].set_title(f"parameters + activations per rank\n({memory_source or source})",
                       fontsize=10)
@@ -333,3 +336,75 @@ def vocab_explorer(profiles: dict, ranks: int = 4, microbatches: int = 8,
     box = w.VBox([pick, ranks_box, out])
     box.out = out
     return box
+
+
+def median_round(rounds: list[dict], method: str, reference: str = "baseline") -> int:
+    """The index of the round whose replayed step ratio method / reference is the median of
+    the rounds (the lower middle one for an even count): the run a chart draws, so that the
+    picture and the numbers printed beside it come from one run."""
+    ratios = [r[method].replay.makespan / r[reference].replay.makespan for r in rounds]
+    order = sorted(range(len(ratios)), key=ratios.__getitem__)
+    return order[(len(order) - 1) // 2]
+
+
+def dataflow(x: torch.Tensor, weight: torch.Tensor, target: int, shards: int) -> dict:
+    """One token's way through the output layer, shard by shard, as numbers (the picture's
+    data): per shard its rows, its S partials (m_r, s_r, [t ∈ r]·z_t), then C0's max M, the
+    rescaled sums c_r, their total and the target's shifted logit, the loss, and T's factor
+    α_r = c_r / Σc on each shard. x: (h,), weight: (V, h)."""
+    targets = torch.tensor([target])
+    bounds = [shard_rows(weight.shape[0], shards, r) for r in range(shards)]
+    parts = [shard_forward(x[None, :], weight[a:b], targets, a) for a, b in bounds]
+    top = torch.stack([q.row_max for q in parts]).max(dim=0).values                  # C0: MAX
+    c = [rescaled_sum(q, top) for q in parts]
+    total = torch.stack(c).sum(dim=0)                                                # C0: SUM
+    shifted = torch.stack([shifted_target(q, top) for q in parts]).sum(dim=0)
+    return dict(bounds=bounds, target=target,
+                m=[q.row_max.item() for q in parts], s=[q.row_sum.item() for q in parts],
+                z_t=[q.target_logit.item() if q.in_shard.item() else None for q in parts],
+                M=top.item(), c=[v.item() for v in c], total=total.item(),
+                shifted=shifted.item(), loss=(torch.log(total) - shifted).item(),
+                alpha=[(v / total).item() for v in c])
+
+
+def draw_dataflow(flow: dict):
+    """The vocabulary dataflow of one token as a diagram drawn from `dataflow`'s numbers:
+    shards → S partials (m_r, s_r, z_t) → C0 max → C0 sums → T on every shard."""
+    import matplotlib.pyplot as plt
+    p = len(flow["bounds"])
+    fig, ax = plt.subplots(figsize=(9.6, 0.9 + 0.8 * p))
+    ax.set_xlim(0, 10)
+    ax.set_ylim(-0.7, p - 0.3)
+    ax.invert_yaxis()
+    ax.axis("off")
+    box = dict(boxstyle="round,pad=0.3", linewidth=0.8)
+
+    def node(x, y, text, colour):
+        ax.text(x, y, text, ha="center", va="center", fontsize=8,
+                bbox={**box, "facecolor": colour, "edgecolor": "#555555"})
+
+    def arrow(x0, y0, x1, y1):
+        ax.annotate("", xy=(x1, y1), xytext=(x0, y0),
+                    arrowprops=dict(arrowstyle="->", color="#555555", linewidth=0.8))
+
+    mid = (p - 1) / 2
+    for r, (a, b) in enumerate(flow["bounds"]):
+        node(0.9, r, f"shard {r}\nrows {a}–{b - 1}", "#dbe9f6")
+        zt = flow["z_t"][r]
+        node(3.0, r, f"S: m={flow['m'][r]:.2f}\ns={flow['s'][r]:.2f}"
+             + (f"  z_t={zt:.2f}" if zt is not None else "  (t not here)"), VOCAB_COLOURS["S"] + "55")
+        node(8.9, r, f"T: α={flow['alpha'][r]:.3f}\nP_r × α → dW_r", VOCAB_COLOURS["T"] + "55")
+        arrow(1.55, r, 2.05, r)
+        arrow(3.95, r, 4.65, mid - 0.5)              # every shard's m_r to the MAX
+        arrow(3.95, r, 6.2, mid + 0.5)               # and its s_r, z_t to the SUMS
+        arrow(7.35, mid + 0.5, 8.1, r)               # the totals back to every shard's T
+    node(5.2, mid - 0.5, f"C0 all-reduce MAX\nM = {flow['M']:.2f}", "#eeeeee")
+    node(6.75, mid + 0.5, f"C0 all-reduce SUM\nΣc = {flow['total']:.3f}\n"
+         f"z_t − M = {flow['shifted']:.2f}", "#eeeeee")
+    arrow(5.2, mid - 0.2, 6.3, mid + 0.1)            # M first: c_r = s_r·e^(m_r − M)
+    ax.text(6.75, p - 0.45, f"loss = log Σc − (z_t − M) = {flow['loss']:.4f}", ha="center",
+            fontsize=9)
+    ax.set_title(f"One token through the sharded output layer, p = {p} (computed, not measured): "
+                 "three numbers per token cross the barrier", fontsize=10)
+    fig.tight_layout()
+    return fig

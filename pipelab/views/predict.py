@@ -33,33 +33,37 @@ def _number(value) -> float | None:
 class Judge:
     """The judgement alone (no widget): numbers within `tolerance`, text compared loosely."""
 
-    def __init__(self, answer, tolerance: float = 0.0):
+    def __init__(self, answer, tolerance: float = 0.0, share: bool = False):
         if tolerance < 0:
             raise ValueError(f"tolerance must be >= 0, got {tolerance}")
         self.answer = answer
         self.tolerance = tolerance
         self.numeric = _number(answer) is not None and not isinstance(answer, str)
+        self.share = share       # the answer is a share in [0, 1]: a bare number above 1 is percent
 
     def check(self, value) -> bool:
         if self.numeric:
             number = _number(value)
+            if self.share and number is not None and number > 1 and "%" not in str(value):
+                number /= 100    # "40" for a share means 40 %, as "40 %" does
             return number is not None and math.isfinite(number) and \
                 abs(number - float(self.answer)) <= self.tolerance + 1e-12 * abs(float(self.answer))
         return str(value).strip().casefold() == str(self.answer).strip().casefold()
 
 
 def predict(question: str, answer, *, tolerance: float = 0.0, unit: str = "", explain: str = "",
-            choices: Sequence | None = None, subject: str = "the pipeline"):
+            choices: Sequence | None = None, subject: str = "the pipeline", share: bool = False):
     """A question, an input and a Check button; on Check it says right or wrong, then shows the
     computed answer and the explanation. Returns the widget (a VBox) with `.answer` (the
     computed answer, for the notebook's asserts) and `.check(value) -> bool`.
 
     `subject` names where the answer comes from, as the feedback says it: "… ; the pipeline
     gives 41 units." is right for a simulated or measured step, wrong for a byte model, a
-    routing rule or the planner: pass e.g. subject="the byte model" or "the planner"."""
+    routing rule or the planner: pass e.g. subject="the byte model" or "the planner".
+    `share=True`: the answer is a share (0.4); "0.4", "40 %" and "40" are all read as 0.4."""
     import ipywidgets as w
 
-    judge = Judge(answer, tolerance)
+    judge = Judge(answer, tolerance, share=share)
     if not str(subject).strip():
         raise ValueError("subject must name where the answer comes from (e.g. 'the planner'), "
                          "got an empty string")
