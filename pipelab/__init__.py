@@ -27,6 +27,7 @@ from .sim.timeline import Event, Timeline
 from .runtime import LocalCluster, PipelineTimeout, RunResult, WorkerError
 from .techniques import Mesh, allreduce_time, recompute, with_data_parallel
 from .techniques.recompute import with_recompute
+from .techniques.straggler import with_slowdown
 # planner
 from .planner.calibrate import Calibration, calibrate
 from .planner.plan import Candidate, Plan, plan
@@ -44,5 +45,6 @@ __all__ = [
     "Partition", "measure_layer_times", "partition",
     "LocalCluster", "PipelineTimeout", "RunResult", "WorkerError",
     "Mesh", "allreduce_time", "with_data_parallel", "memory", "noise", "recompute", "with_recompute",
+    "with_slowdown",
     "Calibration", "calibrate", "Candidate", "Plan", "plan",
 ]

@@ -185,3 +185,17 @@ def test_check_renders_in_the_kernel_and_shows_an_unexpected_error(monkeypatch):
         bench.check()
     assert bench.output.outputs[-1]["output_type"] == "error"
     assert "failed" in bench.status.value and not bench.check_button.disabled
+
+
+def test_a_closed_cluster_is_restarted_once_and_says_so(clusters):
+    cluster = clusters(3)
+    cluster.close()                                  # as notebook 13's last cell does
+    steps = []
+    att = workbench.attempt(exercises.SPLIT.solution, exercises.SPLIT, cluster=cluster,
+                            model=CFG, progress=steps.append)
+    assert att.passed and cluster.pids                # running again, for the next checks
+    assert steps[2].startswith("starting 3 worker processes again")
+    again = []
+    workbench.attempt(exercises.SPLIT.solution, exercises.SPLIT, cluster=cluster, model=CFG,
+                      progress=again.append)
+    assert not any(s.startswith("starting") for s in again)     # once only

@@ -11,10 +11,12 @@ _MARKERS = "osD^v<>P*X"
 def plot_frontier(p: Plan, ax=None, title: str | None = None):
     """Predicted step time against predicted peak memory per device for every candidate, one
     colour per schedule (hollow: does not fit), the budget as a line, the Pareto frontier as a
-    staircase and the recommendation as a star."""
+    staircase and the recommendation as a star. The time axis is logarithmic: the slowest
+    candidates take tens of times the fastest, and a linear axis squashed the frontier into its
+    bottom few percent; the legend sits outside the axes, never over a candidate."""
     import matplotlib.pyplot as plt
     if ax is None:
-        _, ax = plt.subplots(figsize=(9, 5.2))
+        _, ax = plt.subplots(figsize=(7.4, 5.0))
     names = sorted({c.schedule for c in p})
     colours = plt.get_cmap("tab10")
     for i, name in enumerate(names):
@@ -36,11 +38,34 @@ def plot_frontier(p: Plan, ax=None, title: str | None = None):
         ax.scatter([best.peak_memory / MiB], [best.step_time * 1e3], marker="*", s=260,
                    color="gold", edgecolors="black", zorder=5, label="recommended")
     ax.set_xlabel("peak memory per device (MiB)")
-    ax.set_ylabel("step time (ms)")
-    ax.set_title(title or f"{len(p)} candidates on {p.devices} devices — simulated (predicted)")
-    ax.legend(fontsize=8, loc="upper right", ncol=2)
+    ax.set_ylabel("step time (ms, log scale)")
+    ax.set_yscale("log")
+    ax.set_title(title or f"{len(p)} candidates on {p.devices} devices — simulated (predicted)",
+                 fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     ax.grid(alpha=0.3)
     return ax
+
+
+def w_share_by_flop_counter(cfg) -> float:
+    """The weight-gradient share of one block's backward by torch's own FLOP counter: the
+    backward's FLOPs with the weights requiring gradients, less those without (input gradient
+    only), over the former. Independent of `flop_shares`' formula."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+    from ..model.gpt import ToyGPT
+    block = ToyGPT(cfg).layers[1]
+
+    def backward_flops(weights: bool) -> int:
+        for param in block.parameters():
+            param.requires_grad_(weights)
+        x = torch.randn(1, cfg.seq_len, cfg.d_model, requires_grad=True)
+        y = block(x)
+        with FlopCounterMode(display=False) as counter:
+            y.backward(torch.ones_like(y))
+        return counter.get_total_flops()
+    full = backward_flops(True)
+    return (full - backward_flops(False)) / full
 
 
 def planner_explorer(calibrate_model, *, devices: int = 4, budget_mib: float = 16.0,

@@ -77,6 +77,13 @@ class Costs:
     B's W half, a braided compound's other microbatch). 0 (the default): no tensor parallelism.
     `tp_sends_wait=False` is the papers' idealisation: what a braided step sends leaves when its
     compute ends, as if its last all-reduce (the tail) were free.
+
+    Stragglers: `slowdown={rank: factor}` makes a rank's compute `factor` times longer (a hot
+    GPU, a slower node, uneven layers): every compute kind on its stages (F, I, W, B, and the
+    non-collective kinds of `kinds`) is stretched, messages and collectives are not. A factor is
+    a finite number >= 1; ranks are the schedule's pipeline ranks (a simulated data-parallel
+    replica stands for its group: the group's all-reduce waits for its slowest member). Measured
+    times (`per_action`) already carry each rank's speed, so the two are not combined.
     """
     F: Cost = 1.0
     I: Cost = 1.0
@@ -106,6 +113,7 @@ class Costs:
     offload_bandwidth: float = 25e9
     scope: str = "rank"                  # "rank": a rank's worth, divided over its stages;
     #   "stage": one stage's costs, by stage index, as given (Costs.per_stage)
+    slowdown: Mapping[int, float] | None = None   # {pipeline rank: factor >= 1}: a straggler
 
     def __post_init__(self) -> None:
         if self.per not in ("microbatch", "batch"):
@@ -147,6 +155,10 @@ class Costs:
             raise ValueError(f"Costs.replicas must be a whole number >= 1, got {self.replicas!r}")
         for kind, value in self.kinds.items():
             self.kinds[kind] = _checked(f"kinds[{kind!r}]", value)
+        self.slowdown = check_slowdown(self.slowdown, "Costs.slowdown") or None
+        if self.slowdown and self.per_action is not None:
+            raise ValueError("Costs.slowdown with per_action: measured times already carry each "
+                             "rank's speed; give one or the other")
 
     @classmethod
     def per_stage(cls, **table) -> "Costs":
@@ -163,6 +175,8 @@ class Costs:
         schedule's stages. A rank's worth is divided: stage s on a rank holding v stages costs
         `copies`/v of its rank's value, `copies` being 2 where every stage is a weight replica
         (stages = 2 × model parts: DualPipe, Chimera), else 1."""
+        if self.slowdown:
+            return self._slowed(schedule)
         stages, ranks = schedule.stages, schedule.ranks
         lists = {name: value for name, value in self._tables() if isinstance(value, list)}
         if self.scope == "stage":
@@ -197,6 +211,28 @@ class Costs:
                    if getattr(self, name) is not None}
         changed["kinds"] = {kind: divided(value) for kind, value in self.kinds.items()}
         return self._as_stage(changed)
+
+    def _slowed(self, schedule) -> "Costs":
+        """`for_schedule` of this table without its slowdown, then each slow rank's stages'
+        compute costs multiplied by the rank's factor (a per-stage table, slowdown applied)."""
+        late = [r for r in self.slowdown if r >= schedule.ranks]
+        if late:
+            raise ValueError(f"Costs.slowdown names rank {late[0]}, but schedule "
+                             f"{schedule.name!r} has ranks 0..{schedule.ranks - 1}")
+        plain = copy.copy(self)
+        plain.slowdown = None
+        table = plain.for_schedule(schedule)
+        factor = [self.slowdown.get(schedule.rank_of(s), 1.0) for s in range(schedule.stages)]
+
+        def stretched(value):
+            values = value if isinstance(value, list) else [value] * len(factor)
+            return [float(v) * f for v, f in zip(values, factor)]
+
+        changed = {name: stretched(getattr(table, name)) for name in ("F", "I", "W", "B")
+                   if getattr(table, name) is not None}
+        changed["kinds"] = {kind: stretched(value) if _computes(kind) else value
+                            for kind, value in table.kinds.items()}
+        return table._as_stage(changed)
 
     def _as_stage(self, changed: dict) -> "Costs":
         """A per-stage copy with `changed` values: checked values divided stay valid, so the
@@ -338,6 +374,32 @@ class Costs:
         if self.overlap is not None and len(times) > 1:
             return max(times) + self.overlap
         return sum(times)
+
+
+def check_slowdown(value, name: str = "slowdown") -> dict[int, float]:
+    """`value` as {rank: factor} if it is a mapping of ranks (whole numbers >= 0) to finite
+    factors >= 1 (None: no straggler, {}); else ValueError naming `name` and the rule."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"{name} must be a dict {{rank: factor}}, e.g. {{1: 1.1}} for rank 1 "
+                         f"10% slower, got {value!r}")
+    out = {}
+    for rank, factor in value.items():
+        if isinstance(rank, bool) or not isinstance(rank, numbers.Integral) or rank < 0:
+            raise ValueError(f"{name}: each key is a rank (a whole number >= 0), got {rank!r}")
+        if not _is_time(factor) or factor < 1:
+            raise ValueError(f"{name}[{rank}] must be a finite factor >= 1 (1.1: 10% slower), "
+                             f"got {factor!r}")
+        out[int(rank)] = float(factor)
+    return out
+
+
+def _computes(kind: str) -> bool:
+    """Whether a kind is a rank's own computation (what a slower rank takes longer over): on the
+    compute lane and not a collective (a collective waits for its slowest member instead)."""
+    spec = KIND_SPECS.get(kind)
+    return spec is None or (spec.lane == "compute" and not spec.collective)
 
 
 def _per_microbatch(kind: str) -> bool:

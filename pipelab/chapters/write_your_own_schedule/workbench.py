@@ -157,6 +157,12 @@ def attempt(text: str, exercise: Exercise | None = None, *, ranks: int | None = 
         return out
     if cluster is not None:
         out.stage = "live"
+        if cluster.ranks == out.schedule.ranks and not cluster.pids:
+            # Closed (the notebook's last cell closes it): the run restarts the workers once,
+            # which takes seconds on a busy machine; they stay up for the checks after this one.
+            say(f"starting {cluster.ranks} worker processes again (the cluster was closed; "
+                f"once only, they stay up for the next checks)")
+            cluster.start()
         say(f"running live on {cluster.ranks} processes and comparing every gradient")
         problem = _run_live(out, cluster, model, seed)
         if problem:
