@@ -111,9 +111,6 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
         raise ValueError(f"prune must be True (simulate only what could be best) or False "
                          f"(simulate every candidate), got {prune!r}")
     positive_int("gpus_per_node", gpus_per_node)
-    if calibration is not None and not isinstance(calibration, (Calibration, CustomCalibration)):
-        raise ValueError(f"calibration must be None (measured here) or what pl.calibrate(model) "
-                         f"returns, got {type(calibration).__name__} {calibration!r:.60}")
     kind = _kind(model, calibration, device, gpus_per_node, optimizer)
     if isinstance(memory_headroom, bool) or not isinstance(memory_headroom, (int, float)) \
             or not 0 <= memory_headroom < 1:
@@ -124,6 +121,11 @@ def plan(model: ModelConfig | ModelShape | CustomModel, devices: int, memory_per
     batch_size = 8 * devices if batch_size is None else at_most(
         "batch_size", positive_int("batch_size", batch_size), MAX_BATCH,
         "the planner tries every divisor of a replica's batch")
+    if kind is not ShapedModel and calibration is not None \
+            and not isinstance(calibration, (Calibration, CustomCalibration)):
+        # after the shape's and the schedules' own refusals, which name the better fix
+        raise ValueError(f"calibration must be None (measured here) or what pl.calibrate(model) "
+                         f"returns, got {type(calibration).__name__} {calibration!r:.60}")
     if kind is CalibratedModel:     # measured only once every argument is known to be good
         cal = calibration if calibration is not None else calibrate(model)
         if cal.cfg != model:
