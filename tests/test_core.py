@@ -229,7 +229,7 @@ def test_a_handler_defined_in_main_is_refused_before_any_worker_moves(cluster):
     sync_here.__module__ = "__main__"
     original = HANDLERS["SY"]
     try:
-        register_handler("SY")(sync_here)
+        register_handler("SY", replace=True)(sync_here)
         sched = Schedule.from_text("0F0 0B0 0SY\n1F0 1B0 0SY", placement=[0, 1])
         with pytest.raises(ValueError, match="handler for action kind 'SY' is defined in "
                                              "'__main__'.*cannot import"):

@@ -122,3 +122,37 @@ def test_a_second_registration_of_a_name_is_refused_unless_replacing():
     assert TECHNIQUES["recompute"] is recompute
     assert register_technique(recompute, replace=True) is recompute
     assert list(TECHNIQUES).index("recompute") > list(TECHNIQUES).index("data_parallel")
+
+
+def test_one_registry_policy_for_kinds_handlers_schedules_and_techniques():
+    """Another module replacing a built-in name is refused without replace=True; the module
+    that registered a name may register it again (a notebook cell run twice)."""
+    from pipelab.runtime.handlers import HANDLERS, register_handler
+    from pipelab.schedules.kinds import register_kind
+    from pipelab.schedules.registry import SCHEDULES, register
+
+    def not_a_forward(state, a, inputs):
+        return None
+    forward = HANDLERS["F"]
+    with pytest.raises(ValueError, match="handler of kind 'F' is already registered by "
+                                         "pipelab.runtime.handlers; pass replace=True"):
+        register_handler("F")(not_a_forward)
+    assert HANDLERS["F"] is forward
+
+    def not_1f1b(ranks, microbatches):
+        raise AssertionError("never built")
+    one_f_one_b = SCHEDULES["1f1b"]
+    with pytest.raises(ValueError, match="schedule '1f1b' is already registered by "
+                                         "pipelab.schedules.one_f_one_b"):
+        register("1f1b")(not_1f1b)
+    assert SCHEDULES["1f1b"] is one_f_one_b
+    with pytest.raises(ValueError, match="action kind 'F' is already registered"):
+        register_kind("F", "not a forward")
+
+    # the same module twice: accepted, and the second registration is the one kept
+    register("policy-probe")(not_1f1b)
+    register("policy-probe")(not_a_forward)
+    assert SCHEDULES.pop("policy-probe").__wrapped__ is not_a_forward
+    register_technique(Technique("policy_probe"))
+    again = register_technique(Technique("policy_probe"))
+    assert TECHNIQUES.pop("policy_probe") is again

@@ -17,6 +17,7 @@ import torch
 
 from ..schedules import Action
 from ..schedules.kinds import OFFLOAD, RELOAD
+from ..support.registry import claim
 from .stage import StepState
 
 Handler = Callable[[StepState, Action, dict], "torch.Tensor | None"]
@@ -53,15 +54,19 @@ HANDLERS: dict[str, HandlerSpec] = {}
 
 
 def register_handler(kind: str, output: OutputShape | None = None,
-                     setup: Setup | None = None) -> Callable[[Handler], Handler]:
+                     setup: Setup | None = None,
+                     replace: bool = False) -> Callable[[Handler], Handler]:
     """Decorator: `@register_handler("F")` makes the function run every `F` action.
 
     `output(spec, action)` gives the shape and dtype of what the kind sends, when that is not
     the stage boundary's (rows, seq_len, d_model) float32. `setup(spec, rank, stages)` runs once
     per run on each rank whose schedule uses the kind, before its first step: a kind that needs
-    parameters of its own (a vocabulary shard) adds them to the rank's stages there."""
+    parameters of its own (a vocabulary shard) adds them to the rank's stages there.
+    A kind whose handler another module registered is replaced only with `replace=True`."""
     def add(handler: Handler) -> Handler:
         module = getattr(handler, "__module__", None) or inspect.getmodule(handler).__name__
+        old = HANDLERS.get(kind)
+        claim("handler of kind", kind, module, old and old.module, replace)
         HANDLERS[kind] = HandlerSpec(handler, output, module, setup)
         return handler
     return add

@@ -26,6 +26,8 @@ import dataclasses
 from contextlib import ExitStack, contextmanager
 from typing import Callable, Iterator
 
+from ..support.registry import caller_module, claim
+
 
 @dataclasses.dataclass(frozen=True)
 class Technique:
@@ -46,18 +48,19 @@ TECHNIQUES: dict[str, Technique] = {}
 
 
 def register_technique(technique: Technique, replace: bool = False) -> Technique:
-    """Add `technique` to the registry (in order: hooks run in registration order). A second
-    registration of a name is refused unless `replace=True`."""
+    """Add `technique` to the registry (in order: hooks run in registration order). A name
+    another module registered is replaced only with `replace=True`; the module that
+    registered it may register it again (a notebook cell run twice)."""
     if not isinstance(technique, Technique):
         raise ValueError(f"technique must be a pipelab.runtime.techniques.Technique, "
                          f"got {type(technique).__name__}")
-    if technique.name in TECHNIQUES and not replace:
-        raise ValueError(f"technique {technique.name!r} is already registered; pass "
-                         f"replace=True to replace it")
     hooks = [h for h in (technique.prepare, technique.setup, technique.step, technique.assemble)
              if h is not None]
-    if technique.module is None and hooks:
-        technique = dataclasses.replace(technique, module=hooks[0].__module__)
+    if technique.module is None:
+        technique = dataclasses.replace(
+            technique, module=hooks[0].__module__ if hooks else caller_module())
+    old = TECHNIQUES.get(technique.name)
+    claim("technique", technique.name, technique.module, old and old.module, replace)
     TECHNIQUES[technique.name] = technique
     return technique
 

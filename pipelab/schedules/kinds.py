@@ -15,13 +15,13 @@ label charts draw it with. Nothing downstream tests a kind's letter for these.
 from __future__ import annotations
 
 import re
-import sys
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 import numpy as np
 
 from ..model import memory_rules
+from ..support.registry import caller_module, claim
 from ..model.memory_rules import BYTE_RULES, FREES, FREES_BUT_STASH, FREES_STASH, KEEPS, RESTORES
 from .actions import KIND_SPECS, Action
 
@@ -155,12 +155,10 @@ def register_kind(kind: str, description: str, *, inputs: Callable | None = None
         raise ValueError(f"completes must be one of {', '.join(map(repr, COMPLETES))} or None, "
                          f"got {completes!r}")
     rule = memory_rules.check_rule(_ROLE_BYTES.get(role) if bytes is _UNSET else bytes)
-    owner = sys._getframe(1).f_globals.get("__name__", "__main__")
+    owner = caller_module()
     old = KIND_SPECS.get(kind)
-    if old is not None and old.owner != owner and not replace:
-        raise ValueError(f"action kind {kind!r} is already registered by {old.owner} "
-                         f"({old.description}); pass replace=True to replace it, or choose "
-                         f"another letter")
+    claim("action kind", kind, owner, old and old.owner, replace,
+          f"choose another letter ({kind} is: {old and old.description})")
     if module is None:          # the registering module: workers import it from there
         module = owner
     spec = KindSpec(kind, description, inputs or (lambda schedule, action: []), output,

@@ -5,15 +5,21 @@ import inspect
 from typing import Callable
 
 from ..checks import MAX_ACTIONS, MAX_MICROBATCHES, MAX_RANKS, MAX_STAGES, at_most, positive_int
+from ..support.registry import claim
 from .gcpause import without_gc
 
 SCHEDULES: dict[str, Callable] = {}
+_OWNERS: dict[str, str] = {}          # name -> the module whose generator it is
 
 
-def register(name: str) -> Callable:
-    """Decorator: make a generator available as `schedule(name, ...)`."""
+def register(name: str, replace: bool = False) -> Callable:
+    """Decorator: make a generator available as `schedule(name, ...)`. A name another module
+    registered is replaced only with `replace=True` (the one policy: support/registry.py)."""
     def add(generator: Callable) -> Callable:
+        owner = getattr(generator, "__module__", None) or "__main__"
+        claim("schedule", name, owner, _OWNERS.get(name), replace)
         SCHEDULES[name] = generator = without_gc(generator)
+        _OWNERS[name] = owner
         return generator
     return add
 
